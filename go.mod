@@ -1,0 +1,3 @@
+module github.com/kvtop/kvtop
+
+go 1.26
