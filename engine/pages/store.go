@@ -1,0 +1,149 @@
+package pages
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Store holds the KV payload of the pages: the bytes a prefill instance writes and attention
+// reads. The host-memory Arena implements it; a store in GPU memory could too.
+//
+// A token's KV travels as TokenBytes bytes laid out [layer][K, V][kv_head][head_dim], fp16.
+type Store interface {
+	// TokenBytes returns the size of one token's KV; 0 for a store that keeps no payload.
+	TokenBytes() int
+	// WriteSlot stores one token's KV (TokenBytes bytes) into a slot.
+	WriteSlot(slot int64, kv []byte)
+	// ReadSlot appends the KV of a slot to dst.
+	ReadSlot(slot int64, dst []byte) []byte
+	// CopySlots copies the first n slots of page src into page dst: a mid-page fork's copy.
+	CopySlots(dst, src int32, n int)
+}
+
+// Geometry is the shape of a model's KV: what one token's KV holds.
+type Geometry struct {
+	Layers  int
+	KVHeads int
+	HeadDim int
+}
+
+// TokenBytes returns the bytes of one token's KV in fp16: layers × {K,V} × heads × dim × 2.
+func (g Geometry) TokenBytes() int { return g.Layers * 2 * g.KVHeads * g.HeadDim * 2 }
+
+// Zero reports whether the geometry holds no payload.
+func (g Geometry) Zero() bool { return g.TokenBytes() == 0 }
+
+// ErrArenaTooLarge is returned for an arena that would not fit the limit it was given.
+var ErrArenaTooLarge = errors.New("pages: KV arena too large")
+
+// Arena is a KV cache payload in host memory, laid out as a GPU paged KV cache is:
+// layers × pages × {K, V} × kv_heads × page_size × head_dim, fp16 as raw bytes.
+type Arena struct {
+	g        Geometry
+	numPages int
+	pageSize int
+	data     []byte
+}
+
+// ArenaBytes returns the size of an arena of the given shape.
+func ArenaBytes(g Geometry, numPages, pageSize int) int64 {
+	return int64(g.TokenBytes()) * int64(numPages) * int64(pageSize)
+}
+
+// NewArena allocates a zeroed arena, refusing one larger than limit bytes. A zero geometry
+// gives an arena that keeps nothing.
+func NewArena(g Geometry, numPages, pageSize int, limit int64) (*Arena, error) {
+	if g.Layers < 0 || g.KVHeads < 0 || g.HeadDim < 0 {
+		return nil, fmt.Errorf("pages: arena geometry %+v: negative dimension: %w", g, ErrBadConfig)
+	}
+	if g.Zero() {
+		return &Arena{numPages: numPages, pageSize: pageSize}, nil
+	}
+	size := ArenaBytes(g, numPages, pageSize)
+	if size > limit {
+		return nil, fmt.Errorf("pages: arena of %d bytes over the limit of %d: %w", size, limit, ErrArenaTooLarge)
+	}
+	return &Arena{g: g, numPages: numPages, pageSize: pageSize, data: make([]byte, size)}, nil
+}
+
+// Geometry returns the arena's shape.
+func (a *Arena) Geometry() Geometry { return a.g }
+
+// Bytes returns the arena's size.
+func (a *Arena) Bytes() int64 { return int64(len(a.data)) }
+
+// TokenBytes returns the size of one token's KV.
+func (a *Arena) TokenBytes() int {
+	if a.data == nil {
+		return 0
+	}
+	return a.g.TokenBytes()
+}
+
+// offset returns where the head_dim row of (layer, kv, head) for page, in-page offset o lies.
+func (a *Arena) offset(layer, kv, head int, page int32, o int) int {
+	g := a.g
+	return ((((layer*a.numPages+int(page))*2+kv)*g.KVHeads+head)*a.pageSize + o) * g.HeadDim * 2
+}
+
+// WriteSlot stores one token's KV into a slot, scattering it over layers, K/V and heads.
+func (a *Arena) WriteSlot(slot int64, kv []byte) {
+	if a.data == nil {
+		return
+	}
+	page, o := int32(slot/int64(a.pageSize)), int(slot%int64(a.pageSize))
+	row := a.g.HeadDim * 2
+	src := 0
+	for l := range a.g.Layers {
+		for k := range 2 {
+			for h := range a.g.KVHeads {
+				off := a.offset(l, k, h, page, o)
+				copy(a.data[off:off+row], kv[src:src+row])
+				src += row
+			}
+		}
+	}
+}
+
+// ReadSlot appends a slot's KV to dst, in the order WriteSlot takes it.
+func (a *Arena) ReadSlot(slot int64, dst []byte) []byte {
+	if a.data == nil {
+		return dst
+	}
+	page, o := int32(slot/int64(a.pageSize)), int(slot%int64(a.pageSize))
+	row := a.g.HeadDim * 2
+	for l := range a.g.Layers {
+		for k := range 2 {
+			for h := range a.g.KVHeads {
+				off := a.offset(l, k, h, page, o)
+				dst = append(dst, a.data[off:off+row]...)
+			}
+		}
+	}
+	return dst
+}
+
+// CopySlots copies the first n slots of page src into page dst, for every layer, K and V and
+// head: n × head_dim contiguous values each.
+func (a *Arena) CopySlots(dst, src int32, n int) {
+	if a.data == nil {
+		return
+	}
+	span := n * a.g.HeadDim * 2
+	for l := range a.g.Layers {
+		for k := range 2 {
+			for h := range a.g.KVHeads {
+				d, s := a.offset(l, k, h, dst, 0), a.offset(l, k, h, src, 0)
+				copy(a.data[d:d+span], a.data[s:s+span])
+			}
+		}
+	}
+}
+
+// nopStore keeps no payload.
+type nopStore struct{}
+
+func (nopStore) TokenBytes() int                     { return 0 }
+func (nopStore) WriteSlot(int64, []byte)             {}
+func (nopStore) ReadSlot(_ int64, dst []byte) []byte { return dst }
+func (nopStore) CopySlots(dst, src int32, n int)     {}
