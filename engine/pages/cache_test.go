@@ -384,3 +384,36 @@ func stateEqual(a, b State) bool {
 	}
 	return true
 }
+
+func TestPagesFreedByRemoving(t *testing.T) {
+	c := newCache(t, 64)
+	must(t, c.AddSequence(0))
+	reserve(t, c, 0, 40) // pages 0-2
+	must(t, c.ForkSequence(0, 1, 32))
+	reserve(t, c, 1, 20) // child: copy of nothing (aligned), pages 3-4
+	must(t, c.AddSequence(2))
+	reserve(t, c, 2, 16) // page 5
+	for _, tc := range []struct {
+		ids  []int64
+		want int
+	}{
+		{nil, 0},
+		{[]int64{2}, 1},
+		{[]int64{1}, 2},       // the shared pages stay with 0
+		{[]int64{0}, 1},       // page 2 only
+		{[]int64{0, 1}, 5},    // the shared block goes with its last sharer
+		{[]int64{1, 0, 2}, 6}, // order does not matter
+		{[]int64{7}, 0},
+	} {
+		if got := c.PagesFreedByRemoving(tc.ids); got != tc.want {
+			t.Errorf("PagesFreedByRemoving(%v) = %d, want %d", tc.ids, got, tc.want)
+		}
+	}
+	// Check the claim against the real thing.
+	free := c.NumAvailablePages()
+	must(t, c.RemoveSequence(1))
+	must(t, c.RemoveSequence(0))
+	if got := c.NumAvailablePages() - free; got != 5 {
+		t.Errorf("removing 1 and 0 freed %d pages, want 5", got)
+	}
+}

@@ -310,3 +310,28 @@ func (c *Cache) Check() error {
 	}
 	return nil
 }
+
+// PagesFreedByRemoving returns how many pages removing all the given sequences would give
+// back, without removing anything: a block's pages come back once no remaining sequence or
+// child block refers to it. Unknown ids are ignored. The dashboard uses it to say what
+// eviction could still free.
+func (c *Cache) PagesFreedByRemoving(ids []int64) int {
+	drop := make(map[int32]int32) // references dropped so far, per block
+	freed := 0
+	for _, id := range ids {
+		s, ok := c.seqs[id]
+		if !ok {
+			continue
+		}
+		b := s.last
+		for b != noBlock && c.blocks[b].refs-drop[b] == 1 {
+			drop[b] = c.blocks[b].refs
+			freed += len(c.blocks[b].pages)
+			b = c.blocks[b].parent
+		}
+		if b != noBlock {
+			drop[b]++
+		}
+	}
+	return freed
+}

@@ -1,0 +1,330 @@
+package prepare
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvtop/kvtop/engine/pages"
+	"github.com/kvtop/kvtop/engine/prefix"
+)
+
+// Config holds the engine settings admission reads (MLC's names, spec section 2).
+type Config struct {
+	PageSize               int
+	MaxNumSequence         int
+	MaxTotalSequenceLength int
+	PrefillChunkSize       int
+	// Watermark is the number of pages prepare-receive leaves free: 400 in MLC, where it is
+	// hard-coded. kvtop makes it configurable (spec 11).
+	Watermark int
+	// SpecFactor is spec_draft_length + 1 with speculative decoding on, else 1.
+	SpecFactor int
+}
+
+// DefaultWatermark is MLC's hard-coded prepare-receive watermark, in pages.
+const DefaultWatermark = 400
+
+// ErrBadConfig is returned by New for settings that admission cannot work with.
+var ErrBadConfig = errors.New("prepare: bad configuration")
+
+// IDs hands out internal sequence ids as MLC's IdManager does: recycled ids first, most
+// recently recycled first, then new ones counting up from 0.
+type IDs struct {
+	next      int64
+	available []int64
+}
+
+// New returns an id.
+func (ids *IDs) New() int64 {
+	if n := len(ids.available); n > 0 {
+		id := ids.available[n-1]
+		ids.available = ids.available[:n-1]
+		return id
+	}
+	ids.next++
+	return ids.next - 1
+}
+
+// Recycle makes an id available again.
+func (ids *IDs) Recycle(id int64) { ids.available = append(ids.available, id) }
+
+// Action is the DisaggPrepareReceive action over one engine's caches.
+type Action struct {
+	cfg Config
+	// Caches holds one paged KV cache per model, all of the same geometry (a draft model for
+	// speculative decoding is the second). They see the same operations and stay alike;
+	// admission reads the first.
+	caches []*pages.Cache
+	prefix *prefix.Cache
+	ids    *IDs
+	radix  bool
+
+	// HoldExtensions leaves queuing the prefix-cache extension of each admitted request to
+	// the caller (the engine may wait until the KV has arrived). When false, Step queues them
+	// when it ends, as MLC does after the step.
+	HoldExtensions bool
+
+	slots []int64 // scratch
+}
+
+// New returns the action. The prefix cache decides the mode: in Disabled mode nothing is
+// matched.
+func New(cfg Config, caches []*pages.Cache, pc *prefix.Cache, ids *IDs, radix bool) (*Action, error) {
+	switch {
+	case len(caches) == 0:
+		return nil, fmt.Errorf("no KV cache: %w", ErrBadConfig)
+	case cfg.PageSize != caches[0].PageSize():
+		return nil, fmt.Errorf("page size %d, cache has %d: %w", cfg.PageSize, caches[0].PageSize(), ErrBadConfig)
+	case cfg.MaxNumSequence < 1 || cfg.PrefillChunkSize < 1 || cfg.MaxTotalSequenceLength < 1:
+		return nil, fmt.Errorf("max_num_sequence %d, prefill_chunk_size %d, max_total_sequence_length %d must be positive: %w",
+			cfg.MaxNumSequence, cfg.PrefillChunkSize, cfg.MaxTotalSequenceLength, ErrBadConfig)
+	case cfg.Watermark < 0:
+		return nil, fmt.Errorf("watermark %d must not be negative: %w", cfg.Watermark, ErrBadConfig)
+	case cfg.SpecFactor < 1:
+		return nil, fmt.Errorf("spec factor %d must be at least 1: %w", cfg.SpecFactor, ErrBadConfig)
+	}
+	for i, c := range caches[1:] {
+		if c.PageSize() != caches[0].PageSize() || c.NumPages() != caches[0].NumPages() {
+			return nil, fmt.Errorf("model %d's cache differs in geometry from model 0's: %w", i+1, ErrBadConfig)
+		}
+	}
+	return &Action{cfg: cfg, caches: caches, prefix: pc, ids: ids, radix: radix}, nil
+}
+
+// Config returns the action's settings.
+func (a *Action) Config() Config { return a.cfg }
+
+// Prepared is an admitted request: where its KV must land, and how it got there.
+type Prepared struct {
+	Request      string
+	Seq          int64 // the KV sequence the request owns from now on
+	PromptLength int
+	End          int
+	Matched      int
+	Match        prefix.Result // Kind, Parent, Pop, Path, Candidates of the prefix match
+	// Metadata is the flattened append-position array of all models (spec 3.1) and Encoded
+	// its kv_append_metadata string (spec 8).
+	Metadata []int64
+	Encoded  string
+	// Slots are model 0's reserved slots, in token order: where P writes token matched+i.
+	Slots []int64
+	// PagesTaken is how many pages the admission took off the free list: those reserved,
+	// plus one copy page for a mid-page fork.
+	PagesTaken int
+	// CopiedPage is the fresh page a mid-page fork copied the shared slots into, or -1.
+	CopiedPage int32
+	// Extension is what the prefix cache will be told this sequence holds beyond Matched:
+	// prompt[matched:end).
+	Extension []int32
+	// Evaluation is the admission test that passed, with its numbers.
+	Evaluation Evaluation
+}
+
+// Outcome is what one run of the action did.
+type Outcome struct {
+	// Admitted lists the requests admitted, in order.
+	Admitted []Prepared
+	// Blocked is the evaluation of the first request that was not admitted (the head of the
+	// line), with the reason; nil when every waiting request was admitted or none waited.
+	// The other waiting requests are behind it.
+	Blocked *Evaluation
+}
+
+// Step runs the action once (spec 5.1 and 5.3): while the first waiting prepare-receive
+// request can be admitted, admit it. running is the number of running requests with nothing
+// left to prefill; queue holds the waiting prepare-receive requests in FIFO order. The caller
+// removes the admitted ones from its waiting queue.
+//
+// A request whose window does not resolve blocks the queue with ReasonWindow; Validate keeps
+// such requests out in the first place.
+func (a *Action) Step(running int, queue []Request) Outcome {
+	var out Outcome
+	for _, req := range queue {
+		ev, ok := a.admit(running, req)
+		if !ok {
+			out.Blocked = &ev
+			break
+		}
+		out.Admitted = append(out.Admitted, a.body(req, ev))
+	}
+	if !a.HoldExtensions {
+		for _, p := range out.Admitted {
+			a.QueueExtension(p)
+		}
+	}
+	return out
+}
+
+// QueueExtension tells the prefix cache (lazily) that p's sequence holds its prompt up to
+// End: step 8 of spec 5.3, which MLC does after the step whether or not P has written the KV.
+func (a *Action) QueueExtension(p Prepared) {
+	if a.radix && len(p.Extension) > 0 && a.prefix.HasSequence(p.Seq) {
+		a.prefix.ExtendSequence(p.Seq, p.Extension)
+	}
+}
+
+// Evaluate tests admission of req as if it were at the head of the line, without evicting
+// anything: the numbers the dashboard shows for it. Recycling and Evictable say what the
+// eviction loop could free.
+func (a *Action) Evaluate(running int, req Request) Evaluation {
+	ev := a.evaluation(running, req)
+	a.decide(&ev)
+	return ev
+}
+
+func (a *Action) evaluation(running int, req Request) Evaluation {
+	c := a.caches[0]
+	end, _ := req.ResolveEnd()
+	ev := Evaluation{
+		Request:                req.ID,
+		PromptLength:           len(req.Prompt),
+		End:                    end,
+		Running:                running,
+		FreePages:              c.NumAvailablePages(),
+		Required:               (max(end, 0) + a.cfg.PageSize - 1) / a.cfg.PageSize,
+		Watermark:              a.cfg.Watermark,
+		MaxNumSequence:         a.cfg.MaxNumSequence,
+		PrefillChunkSize:       a.cfg.PrefillChunkSize,
+		SpecFactor:             a.cfg.SpecFactor,
+		TotalSequenceLength:    c.TotalSequenceLength(),
+		MaxTotalSequenceLength: a.cfg.MaxTotalSequenceLength,
+	}
+	if a.radix {
+		rec := a.prefix.Recycling()
+		ev.Recycling = len(rec)
+		ev.Evictable = c.PagesFreedByRemoving(rec)
+	}
+	return ev
+}
+
+// decide sets ev.Reason to the first admission predicate that fails.
+func (a *Action) decide(ev *Evaluation) {
+	ev.Reason = ReasonNone
+	for _, ck := range ev.Checks() {
+		if !ck.OK() {
+			ev.Reason, _ = ParseReason(ck.Name)
+			return
+		}
+	}
+}
+
+// hasPrefillSpace is MLC's HasPrefillSpace without a sliding window.
+func (a *Action) hasPrefillSpace(pages, batch, input int) bool {
+	c := a.caches[0]
+	return pages+batch <= c.NumAvailablePages() &&
+		c.TotalSequenceLength()+input+8*batch <= a.cfg.MaxTotalSequenceLength
+}
+
+// admit runs admission (spec 5.1) for the request at the head of the line, evicting
+// recycling sequences while HasPrefillSpace(required, running, end) fails.
+func (a *Action) admit(running int, req Request) (Evaluation, bool) {
+	c := a.caches[0]
+	if running > c.NumAvailablePages() {
+		ev := a.evaluation(running, req)
+		ev.Reason = ReasonDecodeGuard
+		return ev, false
+	}
+	end, err := req.ResolveEnd()
+	if err == nil {
+		required := (end + a.cfg.PageSize - 1) / a.cfg.PageSize
+		evicted := 0
+		for !a.hasPrefillSpace(required, running, end) && a.radix && a.prefix.TryFreeMemory() {
+			evicted++
+		}
+		ev := a.evaluation(running, req)
+		ev.Evicted = evicted
+		a.decide(&ev)
+		return ev, ev.Reason == ReasonNone
+	}
+	ev := a.evaluation(running, req)
+	ev.Reason = ReasonWindow
+	return ev, false
+}
+
+// body runs spec 5.3 for an admitted request.
+func (a *Action) body(req Request, ev Evaluation) Prepared {
+	end := ev.End
+	free := a.caches[0].NumAvailablePages()
+	p := Prepared{
+		Request: req.ID, PromptLength: len(req.Prompt), End: end, CopiedPage: -1, Evaluation: ev,
+		Match: prefix.Result{Kind: prefix.Fresh, Parent: -1},
+	}
+	seq := a.ids.New()
+	added := false
+	// 1. Prefix match.
+	if a.radix && end > 0 {
+		res, err := a.prefix.InsertSequence(seq, req.Prompt[:end], prefix.NoWindow)
+		if err != nil {
+			panic(fmt.Sprintf("prepare: %s: insert sequence %d: %v", req.ID, seq, err))
+		}
+		p.Match = res
+		switch res.Kind {
+		case prefix.Fresh:
+			a.each(func(c *pages.Cache) error { return c.AddSequence(seq) })
+			added = true
+		case prefix.Fork:
+			a.each(func(c *pages.Cache) error { return c.ForkSequence(res.Parent, seq, res.Offset) })
+			added = true
+			if res.Offset%a.cfg.PageSize != 0 {
+				pgs, _ := a.caches[0].SequencePages(seq, nil)
+				p.CopiedPage = pgs[len(pgs)-1]
+			}
+		case prefix.Reuse:
+			a.ids.Recycle(seq)
+			seq = res.Parent
+			added = true
+			if res.Pop > 0 {
+				a.each(func(c *pages.Cache) error { return c.PopN(seq, res.Pop) })
+			}
+		}
+		p.Matched = res.Offset
+	}
+	p.Seq = seq
+	// 2. The request is alive; it is not left in the running queue (the caller's business).
+	// 3. A sequence the prefix cache does not hold gets its KV sequence now.
+	if !added {
+		a.each(func(c *pages.Cache) error { return c.AddSequence(seq) })
+	}
+	// 4. Reserve the slots P will write, per model, and compress them.
+	n := end - p.Matched
+	if n > 0 {
+		for i, c := range a.caches {
+			var err error
+			a.slots, err = c.ReserveAppend(seq, n, a.slots[:0])
+			if err != nil {
+				// Admission checked for ceil(end / page_size) pages before matching, and a
+				// match never needs more: this cannot fail unless the cache is broken.
+				panic(fmt.Sprintf("prepare: %s: %v", req.ID, err))
+			}
+			p.Metadata = pages.Compress(p.Metadata, a.slots)
+			if i == 0 {
+				p.Slots = append([]int64(nil), a.slots...)
+			}
+		}
+	} else {
+		for range a.caches {
+			p.Metadata = append(p.Metadata, 0)
+		}
+	}
+	// 5. Commit extensions queued by earlier steps.
+	if a.radix {
+		a.prefix.CommitSequenceExtension()
+	}
+	// 6 and 7: the caller removes the request from its queue and answers.
+	p.Encoded = Encode(p.Metadata)
+	p.PagesTaken = free - a.caches[0].NumAvailablePages()
+	if n > 0 {
+		p.Extension = req.Prompt[p.Matched:end]
+	}
+	return p
+}
+
+// each applies an operation to every model's cache. The caches are alike, so an error is a
+// broken invariant.
+func (a *Action) each(op func(*pages.Cache) error) {
+	for _, c := range a.caches {
+		if err := op(c); err != nil {
+			panic(fmt.Sprintf("prepare: %v", err))
+		}
+	}
+}
