@@ -1,0 +1,541 @@
+package prefix
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Errors returned by the Cache, always wrapped with the call and the sequence they concern.
+var (
+	ErrUnknownSequence = errors.New("prefix: unknown sequence")
+	ErrSequenceExists  = errors.New("prefix: sequence exists")
+	ErrEmptyTokens     = errors.New("prefix: empty tokens")
+	ErrNotActive       = errors.New("prefix: not active")
+	ErrBadID           = errors.New("prefix: negative sequence id")
+	ErrBadWindow       = errors.New("prefix: bad window")
+	ErrBadLength       = errors.New("prefix: bad roll-back length")
+)
+
+// Mode is MLC's prefix_cache_mode.
+type Mode uint8
+
+const (
+	// Radix keeps finished sequences in a radix tree for reuse (MLC's default).
+	Radix Mode = iota
+	// Disabled matches nothing and holds nothing.
+	Disabled
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Radix:
+		return "radix"
+	case Disabled:
+		return "disabled"
+	}
+	return fmt.Sprintf("Mode(%d)", uint8(m))
+}
+
+// State is the state of a cached sequence.
+type State uint8
+
+const (
+	// Active: the sequence's request is alive. It may be forked from, never taken over.
+	Active State = iota
+	// Recycling: the request finished; the sequence is kept for reuse and may be evicted.
+	Recycling
+)
+
+func (s State) String() string {
+	switch s {
+	case Active:
+		return "active"
+	case Recycling:
+		return "recycling"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// Kind says how InsertSequence told the caller to start its KV sequence.
+type Kind uint8
+
+const (
+	// Fresh: add a new, empty KV sequence (MLC's AddSequence). Its String is "new"; the
+	// constant cannot be called New because New is the constructor.
+	Fresh Kind = iota
+	// Fork: fork the KV sequence Result.Parent at Result.Offset.
+	Fork
+	// Reuse: take the recycling KV sequence Result.Parent over and pop Result.Pop tokens.
+	Reuse
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Fresh:
+		return "new"
+	case Fork:
+		return "fork"
+	case Reuse:
+		return "reuse"
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// NodeID names a tree node. The root is 0; ids are never reused during a Cache's life.
+type NodeID uint32
+
+// Window is a sequence's sliding-window setting (MLC's sliding_window_size and
+// attention_sink_size). Size -1 means no sliding window; otherwise Size >= 1. Sink >= 0.
+type Window struct{ Size, Sink int }
+
+// NoWindow is the setting of a model without a sliding window.
+var NoWindow = Window{Size: -1}
+
+func (w Window) valid() bool { return (w.Size == -1 || w.Size >= 1) && w.Sink >= 0 }
+
+// Config configures a Cache.
+type Config struct {
+	Mode Mode
+	// MaxRecycling is MLC's prefix_cache_max_num_recycling_seqs: -1 (or any negative)
+	// unbounded, 0 none (a recycled sequence is removed at once), else the cap.
+	MaxRecycling int
+	// OnEvict is called whenever the cache drops a sequence whose KV the caller must free:
+	// TryFreeMemory, a RecycleSequence that evicts to stay under the cap, a RecycleSequence
+	// with MaxRecycling 0. It is not called by RemoveSequence. It runs synchronously, at the
+	// end of the call that evicted, once the Cache is consistent; it must not call the
+	// Cache's mutating methods. Nil is allowed.
+	OnEvict func(id int64)
+}
+
+// Result is what InsertSequence tells the caller to do.
+type Result struct {
+	Kind Kind
+	// Offset is the number of tokens the caller's KV sequence starts with (MLC's
+	// prefix_matched_length): Matched for Fork and Reuse, 0 for Fresh.
+	Offset int
+	// Parent is, for Fork, the sequence forked from; for Reuse, the sequence taken over;
+	// -1 for Fresh.
+	Parent int64
+	// Pop is, for Reuse, the number of tokens rolled back (len - Offset); else 0.
+	Pop int
+	// Matched is the longest common prefix m found in the tree. It differs from Offset only
+	// when the result is Fresh although m > 0 (every candidate has a sliding window, or the
+	// caller's own sliding window allows no reuse).
+	Matched int
+	// Path lists the nodes from the root's child down to the node that holds the Matched-th
+	// token, as the tree stands after the call (empty when Matched is 0).
+	Path []NodeID
+	// Candidates is |S|: how many cached sequences contained the matched prefix (0 when
+	// Matched is 0).
+	Candidates int
+}
+
+// Stats are counters over the Cache's life. They do not move in Disabled mode.
+type Stats struct {
+	QueryTokens uint64 // sum of len(tokens) over InsertSequence calls
+	HitTokens   uint64 // sum of Result.Offset over InsertSequence calls
+	Inserts     uint64 // InsertSequence calls that succeeded (Fresh, Fork and Reuse alike)
+	Forks       uint64 // of which Fork
+	Reuses      uint64 // of which Reuse
+	Evictions   uint64 // sequences handed to OnEvict
+}
+
+// Node is a read-only snapshot of one tree node.
+type Node struct {
+	ID, Parent NodeID // root: ID 0, Parent 0
+	// Order sorts siblings: children of a node, by ascending Order, are in the order their
+	// branches were created (a node made by a split or a merge takes the place, and the
+	// Order, of the node it replaces).
+	Order uint32
+	Depth int      // tokens from the root to the end of this node
+	Span  int      // tokens on the edge into this node
+	Seqs  []SeqRef // sequences whose tokens end exactly here, in the order they arrived here
+	// Hits counts InsertSequence matches whose path passed through or stopped in this node
+	// (the root counts every InsertSequence). A node made by a split starts with the count of
+	// the node it was split from; a merge keeps the upper node's count.
+	Hits uint64
+}
+
+// SeqRef names a sequence held by a node.
+type SeqRef struct {
+	ID    int64
+	State State
+}
+
+// Cache is the prefix cache. The zero value is not usable; call New.
+type Cache struct {
+	radix   bool
+	maxRec  int
+	onEvict func(id int64)
+
+	root   *node
+	nextID NodeID
+	seqs   map[int64]*entry
+
+	pending []extension
+
+	// The recycling sequences, least recently recycled first.
+	recHead, recTail *entry
+	numRec           int
+
+	stats Stats
+
+	dirty   []*node  // nodes created or modified since the last TakeChanges
+	removed []NodeID // nodes that existed at the last TakeChanges and were deleted since
+
+	evicted []int64 // OnEvict calls owed at the end of the current call
+}
+
+type extension struct {
+	id     int64
+	tokens []int32
+}
+
+// entry is a cached sequence. Its length is its node's depth.
+type entry struct {
+	id         int64
+	node       *node
+	state      State
+	window     Window
+	prev, next *entry // recycling list links
+}
+
+// New returns an empty Cache. A Mode other than Radix gives a disabled cache.
+func New(cfg Config) *Cache {
+	c := &Cache{
+		radix:   cfg.Mode == Radix,
+		maxRec:  cfg.MaxRecycling,
+		onEvict: cfg.OnEvict,
+		seqs:    make(map[int64]*entry),
+	}
+	if c.maxRec < 0 {
+		c.maxRec = -1
+	}
+	c.root = c.newNode(nil, nil, 0)
+	return c
+}
+
+// InsertSequence starts the prefix-cache entry of a new request (MLC's InsertSequence): it
+// commits pending extensions, matches tokens without their last token against the tree, and
+// adds id as a new sequence, forks it from a cached one, or hands a recycling sequence over
+// in its place (then id itself is not added). The package doc gives the rules.
+func (c *Cache) InsertSequence(id int64, tokens []int32, w Window) (Result, error) {
+	switch {
+	case id < 0:
+		return Result{}, fmt.Errorf("prefix: insert %d: %w", id, ErrBadID)
+	case len(tokens) == 0:
+		return Result{}, fmt.Errorf("prefix: insert %d: %w", id, ErrEmptyTokens)
+	case !w.valid():
+		return Result{}, fmt.Errorf("prefix: insert %d: window {%d %d}: %w", id, w.Size, w.Sink, ErrBadWindow)
+	}
+	if !c.radix {
+		return Result{Kind: Fresh, Parent: -1}, nil
+	}
+	if c.seqs[id] != nil {
+		return Result{}, fmt.Errorf("prefix: insert %d: %w", id, ErrSequenceExists)
+	}
+	c.commit()
+	res := c.insert(id, tokens[:len(tokens)-1], w)
+	c.stats.Inserts++
+	c.stats.QueryTokens += uint64(len(tokens))
+	c.stats.HitTokens += uint64(res.Offset)
+	switch res.Kind {
+	case Fork:
+		c.stats.Forks++
+	case Reuse:
+		c.stats.Reuses++
+	}
+	c.done()
+	return res, nil
+}
+
+func (c *Cache) insert(id int64, q []int32, w Window) Result {
+	x, m := c.match(q)
+	c.root.hits++
+	c.touch(c.root)
+	res := Result{Kind: Fresh, Parent: -1, Matched: m}
+	if m == 0 {
+		c.add(id, w, c.root)
+		return res
+	}
+	res.Candidates = int(x.total)
+	end := x // the node holding the m-th token once the call is done
+	if w.Size == -1 {
+		if r := c.findReuse(x, m, w); r != nil {
+			res.Kind, res.Offset, res.Parent, res.Pop = Reuse, m, r.id, r.node.depth-m
+			c.setState(r, Active)
+			c.rollBack(r, res.Pop)
+			end = r.node
+		} else if p := firstPlain(x); p != nil {
+			res.Kind, res.Offset, res.Parent = Fork, m, p.id
+			end = c.nodeAt(x, m)
+			c.add(id, w, end)
+		} else {
+			c.add(id, w, c.root)
+		}
+	} else {
+		var r *entry
+		if x.depth == m {
+			for i := len(x.seqs) - 1; i >= 0; i-- {
+				if e := x.seqs[i]; e.state == Recycling && e.window == w {
+					r = e
+					break
+				}
+			}
+		}
+		if r != nil {
+			res.Kind, res.Offset, res.Parent = Reuse, m, r.id
+			c.setState(r, Active)
+		} else {
+			c.add(id, w, c.root)
+		}
+	}
+	n := 0
+	for y := end; y != c.root; y = y.parent {
+		y.hits++
+		c.touch(y)
+		n++
+	}
+	res.Path = make([]NodeID, n)
+	for y := end; y != c.root; y = y.parent {
+		n--
+		res.Path[n] = y.id
+	}
+	return res
+}
+
+// ExtendSequence queues tokens to append to sequence id at the next commit
+// (CommitSequenceExtension, or any call that commits first). It copies tokens. An extension
+// of a sequence that is no longer held when it is committed is skipped; an empty one is
+// ignored.
+func (c *Cache) ExtendSequence(id int64, tokens []int32) {
+	if !c.radix || len(tokens) == 0 {
+		return
+	}
+	t := make([]int32, len(tokens))
+	copy(t, tokens)
+	c.pending = append(c.pending, extension{id, t})
+}
+
+// CommitSequenceExtension applies the queued extensions in the order they were queued.
+func (c *Cache) CommitSequenceExtension() {
+	c.commit()
+	c.done()
+}
+
+func (c *Cache) commit() {
+	for i := range c.pending {
+		p := &c.pending[i]
+		if e := c.seqs[p.id]; e != nil {
+			c.extend(e, p.tokens)
+		}
+	}
+	clear(c.pending)
+	c.pending = c.pending[:0]
+}
+
+// RecycleSequence marks the active sequence id as recycling, the most recently recycled.
+// With MaxRecycling 0 it commits and removes the sequence instead (calling OnEvict); at the
+// cap it first evicts the least recently recycled sequence (TryFreeMemory).
+func (c *Cache) RecycleSequence(id int64) error {
+	e := c.lookup(id)
+	if e == nil {
+		return fmt.Errorf("prefix: recycle %d: %w", id, ErrUnknownSequence)
+	}
+	if e.state != Active {
+		return fmt.Errorf("prefix: recycle %d: %w", id, ErrNotActive)
+	}
+	if c.maxRec == 0 {
+		c.commit()
+		c.remove(e)
+		c.evict(id)
+	} else {
+		if c.maxRec > 0 && c.numRec >= c.maxRec {
+			c.tryFree()
+		}
+		c.setState(e, Recycling)
+	}
+	c.done()
+	return nil
+}
+
+// TryFreeMemory commits pending extensions and evicts the least recently recycled sequence,
+// calling OnEvict. It reports false, and does nothing, when no sequence is recycling.
+func (c *Cache) TryFreeMemory() bool {
+	if c.numRec == 0 {
+		return false
+	}
+	c.tryFree()
+	c.done()
+	return true
+}
+
+func (c *Cache) tryFree() {
+	c.commit()
+	e := c.recHead
+	c.remove(e)
+	c.evict(e.id)
+}
+
+func (c *Cache) evict(id int64) {
+	c.stats.Evictions++
+	c.evicted = append(c.evicted, id)
+}
+
+// RollBackSequence commits pending extensions and drops the last n tokens of sequence id
+// (active or recycling), 0 <= n <= its length after the commit.
+func (c *Cache) RollBackSequence(id int64, n int) error {
+	e := c.lookup(id)
+	if e == nil {
+		return fmt.Errorf("prefix: roll back %d: %w", id, ErrUnknownSequence)
+	}
+	l := e.node.depth
+	for _, p := range c.pending {
+		if p.id == id {
+			l += len(p.tokens)
+		}
+	}
+	if n < 0 || n > l {
+		return fmt.Errorf("prefix: roll back %d by %d of %d tokens: %w", id, n, l, ErrBadLength)
+	}
+	c.commit()
+	c.rollBack(e, n)
+	c.done()
+	return nil
+}
+
+// RemoveSequence commits pending extensions and removes sequence id, active or recycling.
+// It does not call OnEvict: the caller is removing the KV itself.
+func (c *Cache) RemoveSequence(id int64) error {
+	e := c.lookup(id)
+	if e == nil {
+		return fmt.Errorf("prefix: remove %d: %w", id, ErrUnknownSequence)
+	}
+	c.commit()
+	c.remove(e)
+	c.done()
+	return nil
+}
+
+// HasSequence reports whether the cache holds sequence id, active or recycling.
+func (c *Cache) HasSequence(id int64) bool { return c.lookup(id) != nil }
+
+// Sequence returns the committed length and the state of sequence id; ok is false when the
+// cache does not hold it. Pending extensions are not counted.
+func (c *Cache) Sequence(id int64) (length int, st State, ok bool) {
+	e := c.lookup(id)
+	if e == nil {
+		return 0, 0, false
+	}
+	return e.node.depth, e.state, true
+}
+
+// NumRecycling returns the number of recycling sequences.
+func (c *Cache) NumRecycling() int { return c.numRec }
+
+// Recycling returns the recycling sequences, least recently recycled (next to evict) first.
+func (c *Cache) Recycling() []int64 {
+	out := make([]int64, 0, c.numRec)
+	for e := c.recHead; e != nil; e = e.next {
+		out = append(out, e.id)
+	}
+	return out
+}
+
+// Match returns the longest common prefix m of tokens (all of them: unlike InsertSequence it
+// drops nothing) with the committed tree, and the cached sequences that contain it, in the
+// candidate order of the package doc (none when m is 0). It changes nothing: no commit, no
+// hit counting.
+func (c *Cache) Match(tokens []int32) (m int, candidates []int64) {
+	if !c.radix {
+		return 0, nil
+	}
+	x, m := c.match(tokens)
+	if m == 0 {
+		return 0, nil
+	}
+	candidates = make([]int64, 0, x.total)
+	walk(x, func(e *entry) { candidates = append(candidates, e.id) })
+	return m, candidates
+}
+
+// Stats returns the counters.
+func (c *Cache) Stats() Stats { return c.stats }
+
+func (c *Cache) lookup(id int64) *entry {
+	if !c.radix {
+		return nil
+	}
+	return c.seqs[id]
+}
+
+// add holds a new active sequence at n.
+func (c *Cache) add(id int64, w Window, n *node) {
+	e := &entry{id: id, state: Active, window: w}
+	c.seqs[id] = e
+	c.attach(e, n)
+}
+
+// remove drops e from the cache and the tree.
+func (c *Cache) remove(e *entry) {
+	if e.state == Recycling {
+		c.setState(e, Active)
+	}
+	n := e.node
+	c.detach(e)
+	delete(c.seqs, e.id)
+	c.prune(n)
+}
+
+// setState moves e between the states, keeping the recycling list and the subtree counts.
+func (c *Cache) setState(e *entry, st State) {
+	if e.state == st {
+		return
+	}
+	e.state = st
+	d := int32(1)
+	if st == Recycling {
+		e.prev, e.next = c.recTail, nil
+		if c.recTail != nil {
+			c.recTail.next = e
+		} else {
+			c.recHead = e
+		}
+		c.recTail = e
+		c.numRec++
+	} else {
+		d = -1
+		if e.prev != nil {
+			e.prev.next = e.next
+		} else {
+			c.recHead = e.next
+		}
+		if e.next != nil {
+			e.next.prev = e.prev
+		} else {
+			c.recTail = e.prev
+		}
+		e.prev, e.next = nil, nil
+		c.numRec--
+	}
+	for y := e.node; y != nil; y = y.parent {
+		y.rec += d
+	}
+	c.touch(e.node)
+}
+
+// done ends every public call that may have changed the cache: it checks the invariants when
+// they are switched on, then makes the OnEvict calls owed.
+func (c *Cache) done() {
+	c.check()
+	if len(c.evicted) == 0 {
+		return
+	}
+	ev := c.evicted
+	c.evicted = nil
+	if c.onEvict != nil {
+		for _, id := range ev {
+			c.onEvict(id)
+		}
+	}
+}
