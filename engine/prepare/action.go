@@ -106,8 +106,6 @@ type Prepared struct {
 	// its kv_append_metadata string (spec 8).
 	Metadata []int64
 	Encoded  string
-	// Slots are model 0's reserved slots, in token order: where P writes token matched+i.
-	Slots []int64
 	// PagesTaken is how many pages the admission took off the free list: those reserved,
 	// plus one copy page for a mid-page fork.
 	PagesTaken int
@@ -169,6 +167,7 @@ func (a *Action) QueueExtension(p Prepared) {
 func (a *Action) Evaluate(running int, req Request) Evaluation {
 	ev := a.evaluation(running, req)
 	a.decide(&ev)
+	a.explain(&ev)
 	return ev
 }
 
@@ -189,23 +188,21 @@ func (a *Action) evaluation(running int, req Request) Evaluation {
 		TotalSequenceLength:    c.TotalSequenceLength(),
 		MaxTotalSequenceLength: a.cfg.MaxTotalSequenceLength,
 	}
+	return ev
+}
+
+// explain fills in what eviction could still free.
+func (a *Action) explain(ev *Evaluation) {
 	if a.radix {
 		rec := a.prefix.Recycling()
 		ev.Recycling = len(rec)
-		ev.Evictable = c.PagesFreedByRemoving(rec)
+		ev.Evictable = a.caches[0].PagesFreedByRemoving(rec)
 	}
-	return ev
 }
 
 // decide sets ev.Reason to the first admission predicate that fails.
 func (a *Action) decide(ev *Evaluation) {
-	ev.Reason = ReasonNone
-	for _, ck := range ev.Checks() {
-		if !ck.OK() {
-			ev.Reason, _ = ParseReason(ck.Name)
-			return
-		}
-	}
+	ev.Reason = ev.firstFailure()
 }
 
 // hasPrefillSpace is MLC's HasPrefillSpace without a sliding window.
@@ -222,6 +219,7 @@ func (a *Action) admit(running int, req Request) (Evaluation, bool) {
 	if running > c.NumAvailablePages() {
 		ev := a.evaluation(running, req)
 		ev.Reason = ReasonDecodeGuard
+		a.explain(&ev)
 		return ev, false
 	}
 	end, err := req.ResolveEnd()
@@ -234,10 +232,14 @@ func (a *Action) admit(running int, req Request) (Evaluation, bool) {
 		ev := a.evaluation(running, req)
 		ev.Evicted = evicted
 		a.decide(&ev)
+		if ev.Reason != ReasonNone {
+			a.explain(&ev)
+		}
 		return ev, ev.Reason == ReasonNone
 	}
 	ev := a.evaluation(running, req)
 	ev.Reason = ReasonWindow
+	a.explain(&ev)
 	return ev, false
 }
 
@@ -288,7 +290,7 @@ func (a *Action) body(req Request, ev Evaluation) Prepared {
 	// 4. Reserve the slots P will write, per model, and compress them.
 	n := end - p.Matched
 	if n > 0 {
-		for i, c := range a.caches {
+		for _, c := range a.caches {
 			var err error
 			a.slots, err = c.ReserveAppend(seq, n, a.slots[:0])
 			if err != nil {
@@ -297,9 +299,6 @@ func (a *Action) body(req Request, ev Evaluation) Prepared {
 				panic(fmt.Sprintf("prepare: %s: %v", req.ID, err))
 			}
 			p.Metadata = pages.Compress(p.Metadata, a.slots)
-			if i == 0 {
-				p.Slots = append([]int64(nil), a.slots...)
-			}
 		}
 	} else {
 		for range a.caches {

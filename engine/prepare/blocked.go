@@ -99,20 +99,50 @@ type Check struct {
 // OK reports whether the predicate holds.
 func (c Check) OK() bool { return c.LHS <= c.RHS }
 
+// sides returns the two sides of each admission predicate, in the order of Checks.
+func (ev Evaluation) sides() [6][2]int {
+	batch := ev.Running + 1
+	return [6][2]int{
+		{ev.Running, ev.FreePages},
+		{ev.End + 1, ev.PromptLength},
+		{batch * ev.SpecFactor, min(ev.MaxNumSequence, ev.PrefillChunkSize)},
+		{ev.Required + ev.Watermark, ev.FreePages},
+		{ev.Required + batch, ev.FreePages},
+		{ev.TotalSequenceLength + ev.End + 8*batch, ev.MaxTotalSequenceLength},
+	}
+}
+
+// checkReasons are the reasons of the predicates of sides, in order.
+var checkReasons = [6]Reason{ReasonDecodeGuard, ReasonWindow, ReasonBatch, ReasonWatermark, ReasonPrefillPages, ReasonPrefillTokens}
+
+// firstFailure returns the reason of the first predicate that fails, or ReasonNone.
+func (ev Evaluation) firstFailure() Reason {
+	for i, s := range ev.sides() {
+		if s[0] > s[1] {
+			return checkReasons[i]
+		}
+	}
+	return ReasonNone
+}
+
 // Checks returns the admission predicates in the order admission tests them, with the
 // evaluation's numbers. For a head-of-line request they are its own numbers, as if it were
 // first.
 func (ev Evaluation) Checks() []Check {
 	batch := ev.Running + 1
-	limit := min(ev.MaxNumSequence, ev.PrefillChunkSize)
-	return []Check{
-		{"decode-guard", fmt.Sprintf("%d running <= %d free pages", ev.Running, ev.FreePages), ev.Running, ev.FreePages},
-		{"window", fmt.Sprintf("end %d < prompt %d", ev.End, ev.PromptLength), ev.End + 1, ev.PromptLength},
-		{"batch", fmt.Sprintf("(%d running + 1) × %d <= min(max_num_sequence %d, prefill_chunk %d)", ev.Running, ev.SpecFactor, ev.MaxNumSequence, ev.PrefillChunkSize), batch * ev.SpecFactor, limit},
-		{"watermark", fmt.Sprintf("%d + %d pages <= %d free", ev.Required, ev.Watermark, ev.FreePages), ev.Required + ev.Watermark, ev.FreePages},
-		{"prefill-pages", fmt.Sprintf("%d + %d pages <= %d free", ev.Required, batch, ev.FreePages), ev.Required + batch, ev.FreePages},
-		{"prefill-tokens", fmt.Sprintf("%d + %d + 8 × %d tokens <= %d", ev.TotalSequenceLength, ev.End, batch, ev.MaxTotalSequenceLength), ev.TotalSequenceLength + ev.End + 8*batch, ev.MaxTotalSequenceLength},
+	texts := [6]string{
+		fmt.Sprintf("%d running <= %d free pages", ev.Running, ev.FreePages),
+		fmt.Sprintf("end %d < prompt %d", ev.End, ev.PromptLength),
+		fmt.Sprintf("(%d running + 1) × %d <= min(max_num_sequence %d, prefill_chunk %d)", ev.Running, ev.SpecFactor, ev.MaxNumSequence, ev.PrefillChunkSize),
+		fmt.Sprintf("%d + %d pages <= %d free", ev.Required, ev.Watermark, ev.FreePages),
+		fmt.Sprintf("%d + %d pages <= %d free", ev.Required, batch, ev.FreePages),
+		fmt.Sprintf("%d + %d + 8 × %d tokens <= %d", ev.TotalSequenceLength, ev.End, batch, ev.MaxTotalSequenceLength),
 	}
+	out := make([]Check, 0, len(texts))
+	for i, s := range ev.sides() {
+		out = append(out, Check{Name: checkReasons[i].String(), Text: texts[i], LHS: s[0], RHS: s[1]})
+	}
+	return out
 }
 
 // Blocked reports whether the request was not admitted.

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kvtop/kvtop/engine/pages"
 	"github.com/kvtop/kvtop/engine/prefix"
 )
 
@@ -113,7 +114,7 @@ func checkInvariants(t *testing.T, f *fixture, p Prepared, models int) {
 		}
 	}
 	pgs, _ := f.caches[0].SequencePages(p.Seq, nil)
-	for _, s := range p.Slots {
+	for _, s := range pages.Expand(nil, md[0]) {
 		if !slices.Contains(pgs, int32(s/16)) {
 			t.Fatalf("%s: slot %d is on page %d, not one of its sequence's %v (invariant 2)", p.Request, s, s/16, pgs)
 		}
