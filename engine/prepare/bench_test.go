@@ -106,4 +106,3 @@ func BenchmarkReserveAppendCompress(b *testing.B) {
 	}
 	_ = meta
 }
-
