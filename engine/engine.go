@@ -1,0 +1,1091 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/kvtop/kvtop/engine/pages"
+	"github.com/kvtop/kvtop/engine/prefix"
+	"github.com/kvtop/kvtop/engine/prepare"
+	"github.com/kvtop/kvtop/internal/invariants"
+)
+
+// Errors the engine's calls return. They are wrapped with the request and the numbers;
+// match them with errors.Is. A call that returns an error changes nothing.
+var (
+	ErrDuplicateID    = errors.New("engine: duplicate request id")
+	ErrUnknownRequest = errors.New("engine: unknown request")
+	ErrNotPrepared    = errors.New("engine: request is not prepared")
+	ErrBadBegin       = errors.New("engine: bad begin")
+	ErrBadKVWrite     = errors.New("engine: bad KV write")
+	ErrEnded          = errors.New("engine: request already ended")
+	ErrBadRequest     = errors.New("engine: bad request")
+)
+
+// DefaultMaxTokens is the max_tokens of a request that does not say (OpenAI's default).
+const DefaultMaxTokens = 16
+
+// Engine is the decode instance: requests, queues and the step loop over the paged KV cache
+// and the prefix cache. It is deterministic (the same calls with the same times give the
+// same events, byte for byte) and it is not safe for concurrent use: a Runner owns it on one
+// goroutine.
+type Engine struct {
+	cfg    Config
+	caches []*pages.Cache
+	arenas []*pages.Arena
+	prefix *prefix.Cache
+	ids    prepare.IDs
+	act    *prepare.Action
+	radix  bool
+
+	step  uint64
+	now   int64 // engine time of the current call, Unix milliseconds
+	stamp Stamp // of the last event
+
+	reqs     map[string]*request
+	order    []*request // the request table, in arrival order
+	waiting  []*request
+	running  []*request
+	prepared []*request         // admitted and not started, in admission order
+	leaks    []*request         // aborted while prepared; their sequences are still held
+	seqOwner map[int64]*request // the request holding (or that last held) each KV sequence
+	pageKV   map[int32]*request // pages holding slots a prepared request waits for
+	ended    []*request         // finished or aborted, oldest first, for retirement
+	metadata []MetadataEmitted  // recent prepare-receive answers
+	hazards  []HazardDetected   // recent hazards
+	recycled []int64            // recycling sequences, least recently recycled first
+	totals   Totals
+	last     StepCompleted
+
+	out      []Event
+	tokens   []Token
+	extQueue []*request // prompt extensions to queue after the step
+	scratch  []int64
+}
+
+// Totals are the engine's counters since it started.
+type Totals struct {
+	Steps     uint64                     `json:"steps"`
+	Arrived   uint64                     `json:"arrived"`
+	Admitted  uint64                     `json:"admitted"`
+	Started   uint64                     `json:"started"`
+	Finished  uint64                     `json:"finished"`
+	Aborted   uint64                     `json:"aborted"`
+	Preempted uint64                     `json:"preempted"`
+	Recycled  uint64                     `json:"recycled"`
+	Evicted   uint64                     `json:"evicted"`
+	KVTokens  uint64                     `json:"kv_tokens"`
+	Generated uint64                     `json:"generated"`
+	Hazards   [numHazards]uint64         `json:"hazards"`
+	Blocked   [prepare.NumReasons]uint64 `json:"blocked"` // PrepareBlocked events by reason
+	Actions   [len(actionNames)]uint64   `json:"actions"`
+}
+
+// Token is one generated token of a request, for the API layer that streams completions. It
+// is not a viewer event.
+type Token struct {
+	ID    string `json:"id"`
+	Index int    `json:"index"` // 0-based among the streamed tokens
+	Token int32  `json:"token"`
+	// Final marks the request's last output: its last token, or (with Token -1) the end of
+	// an aborted or preempted request.
+	Final        bool   `json:"final,omitempty"`
+	FinishReason string `json:"finish_reason,omitempty"`
+}
+
+// Ready is the output of one step: the events since the previous Ready (those of calls made
+// between steps first), and the tokens generated.
+type Ready struct {
+	Step   uint64
+	Now    int64
+	Action Action
+	Events []Event
+	Tokens []Token
+}
+
+// New returns an engine with an empty cache.
+func New(cfg Config) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	e := &Engine{
+		cfg:      cfg,
+		radix:    cfg.PrefixCache == "radix",
+		reqs:     make(map[string]*request),
+		seqOwner: make(map[int64]*request),
+		pageKV:   make(map[int32]*request),
+	}
+	for range cfg.Models {
+		arena, err := pages.NewArena(cfg.Arena, cfg.NumPages(), cfg.PageSize, cfg.ArenaLimit)
+		if err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		c, err := pages.New(pages.Config{PageSize: cfg.PageSize, NumPages: cfg.NumPages(), Store: arena})
+		if err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		e.arenas = append(e.arenas, arena)
+		e.caches = append(e.caches, c)
+	}
+	mode := prefix.Radix
+	if !e.radix {
+		mode = prefix.Disabled
+	}
+	e.prefix = prefix.New(prefix.Config{Mode: mode, MaxRecycling: cfg.Recycling(), OnEvict: e.onEvict})
+	act, err := prepare.New(prepare.Config{
+		PageSize:               cfg.PageSize,
+		MaxNumSequence:         cfg.MaxNumSequence,
+		MaxTotalSequenceLength: cfg.MaxTotalSequenceLength,
+		PrefillChunkSize:       cfg.PrefillChunkSize,
+		Watermark:              cfg.Watermark,
+		SpecFactor:             cfg.SpecFactor(),
+	}, e.caches, e.prefix, &e.ids, e.radix)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	act.HoldExtensions = true
+	e.act = act
+	return e, nil
+}
+
+// Config returns the engine's configuration.
+func (e *Engine) Config() Config { return e.cfg }
+
+// StepNumber returns the number of steps taken.
+func (e *Engine) StepNumber() uint64 { return e.step }
+
+// Cache returns model 0's paged KV cache, read-only by convention.
+func (e *Engine) Cache() *pages.Cache { return e.caches[0] }
+
+// Prefix returns the prefix cache, read-only by convention.
+func (e *Engine) Prefix() *prefix.Cache { return e.prefix }
+
+// Totals returns the counters.
+func (e *Engine) Totals() Totals { return e.totals }
+
+func (e *Engine) setNow(now time.Time) {
+	if ms := now.UnixMilli(); ms > e.now {
+		e.now = ms
+	}
+}
+
+func (e *Engine) mark() Stamp { return Stamp{Step: e.step, At: e.now} }
+
+// emit records an event: it goes out with the next Ready, and onto its request's timeline.
+func (e *Engine) emit(ev Event) {
+	e.out = append(e.out, ev)
+	e.stamp = ev.When()
+	if id, coalesce, ok := markOf(ev); ok {
+		if r := e.reqs[id]; r != nil {
+			r.history = addMark(r.history, Mark{Stamp: ev.When(), Kind: markKind(ev), Text: ev.String()}, coalesce)
+		}
+	}
+}
+
+// TakeEvents returns the events of calls made since the last Step or TakeEvents.
+func (e *Engine) TakeEvents() []Event {
+	e.flushPrefix()
+	out := e.out
+	e.out = nil
+	return out
+}
+
+// TakeTokens returns the tokens generated since the last Step or TakeTokens.
+func (e *Engine) TakeTokens() []Token {
+	out := e.tokens
+	e.tokens = nil
+	return out
+}
+
+// PrepRecv is a prep_recv call: the request id (MLC's user field), the prompt, the KV window
+// and the generation settings that start_generate will use.
+type PrepRecv struct {
+	ID        string
+	Prompt    []int32
+	End       int
+	HasEnd    bool
+	Begin     int
+	MaxTokens int
+	N         int
+}
+
+// PrepRecv queues a prepare-receive request. It is admitted by a later Step (a
+// MetadataEmitted event carries the answer). A bad request is refused with the reason and
+// changes nothing.
+func (e *Engine) PrepRecv(now time.Time, pr PrepRecv) error {
+	req := prepare.Request{ID: pr.ID, Prompt: pr.Prompt, Begin: pr.Begin, End: pr.End, HasEnd: pr.HasEnd, N: pr.N}
+	if pr.ID == "" {
+		return fmt.Errorf("prep_recv: the request id (user) is empty: %w", ErrBadRequest)
+	}
+	if old := e.reqs[pr.ID]; old != nil && !old.state.Ended() {
+		return fmt.Errorf("prep_recv %s: a request with this id is %s: %w", pr.ID, old.state, ErrDuplicateID)
+	}
+	if pr.MaxTokens < 0 {
+		return fmt.Errorf("prep_recv %s: max_tokens %d is negative: %w", pr.ID, pr.MaxTokens, ErrBadRequest)
+	}
+	if err := req.Validate(e.cfg.MaxSingleSequenceLength); err != nil {
+		return err
+	}
+	end, _ := req.ResolveEnd()
+	e.setNow(now)
+	if old := e.reqs[pr.ID]; old != nil {
+		e.retire(old)
+	}
+	maxTokens := pr.MaxTokens
+	if maxTokens == 0 {
+		maxTokens = DefaultMaxTokens
+	}
+	r := &request{
+		id: pr.ID, prompt: slices.Clone(pr.Prompt), end: end, maxTokens: maxTokens,
+		seq: -1, parent: -1, arrived: e.mark(),
+	}
+	e.reqs[r.id] = r
+	e.order = append(e.order, r)
+	e.waiting = append(e.waiting, r)
+	e.totals.Arrived++
+	e.emit(RequestArrived{Stamp: e.mark(), ID: r.id, PromptLength: len(r.prompt), End: end, MaxTokens: maxTokens})
+	return nil
+}
+
+// StartGenerate is a start_generate call for a prepared request. begin may be negative
+// (counted from the end of the prompt) and must resolve into [0, L). The generation
+// settings are those of the prep_recv. A start before the KV is complete, or with begin not
+// at the prep_recv end, is done as MLC does it, and flagged.
+func (e *Engine) StartGenerate(now time.Time, id string, begin int) error {
+	r := e.reqs[id]
+	if r == nil {
+		return fmt.Errorf("start_generate %s: %w", id, ErrUnknownRequest)
+	}
+	if r.state != StatePrepared && r.state != StateKVComplete {
+		return fmt.Errorf("start_generate %s: the request is %s: %w", id, r.state, ErrNotPrepared)
+	}
+	l := len(r.prompt)
+	b := begin
+	if b < 0 {
+		b += l
+	}
+	if b < 0 || b >= l {
+		return fmt.Errorf("start_generate %s: begin %d must resolve into [0, %d): %w", id, begin, l, ErrBadBegin)
+	}
+	e.setNow(now)
+	e.leavePrepared(r)
+	if !r.kv.complete() {
+		e.hazard(Hazard{Kind: HazardStartBeforeKV, ID: id, Seq: r.seq, Received: r.kv.received, Reserved: r.kv.reserved})
+	}
+	if b != r.end {
+		e.hazard(Hazard{Kind: HazardBeginMismatch, ID: id, Seq: r.seq, Begin: b, End: r.end})
+	}
+	if !r.extQueued {
+		e.queueExtension(r)
+	}
+	r.state = StateRunning
+	r.started = e.mark()
+	e.totals.Started++
+	ev := RequestStarted{Stamp: e.mark(), ID: id, Begin: b, Tail: l - b}
+	if l-b == 1 {
+		// The last prompt token is committed as if sampled: not streamed, and max_tokens
+		// grows by one to make up for it.
+		r.generated = 1
+		r.maxTokens++
+		r.lastToken = r.prompt[l-1]
+		ev.Committed = true
+		ev.Tail = 0
+		e.running = append(e.running, r)
+	} else {
+		r.pending = l - b
+		r.tailPos = b
+		e.waiting = slices.Insert(e.waiting, 0, r)
+		e.running = append(e.running, r)
+	}
+	ev.MaxTokens = r.maxTokens
+	e.emit(ev)
+	return nil
+}
+
+// KVResult says what a KV write did.
+type KVResult struct {
+	Requests []string // the requests the slots belong to, in first-seen order
+	Complete []string // of which now complete
+}
+
+// ReceiveKV records a prefill instance's write of len(slots) tokens of KV. payload holds
+// each token's KV in slot order, for each model in turn within a token (models ×
+// TokenBytes bytes a token), and is empty when the engine keeps no payload. Every slot must
+// be reserved by a prepared request and not written yet; otherwise nothing is written.
+func (e *Engine) ReceiveKV(now time.Time, slots []int64, payload []byte) (KVResult, error) {
+	var res KVResult
+	if len(slots) == 0 {
+		return res, fmt.Errorf("kv write of no slots: %w", ErrBadKVWrite)
+	}
+	tb := e.arenas[0].TokenBytes()
+	if want := len(slots) * tb * len(e.arenas); len(payload) != want {
+		return res, fmt.Errorf("kv write of %d slots: payload is %d bytes, want %d (%d models × %d bytes a token): %w",
+			len(slots), len(payload), want, len(e.arenas), tb, ErrBadKVWrite)
+	}
+	ps := e.cfg.PageSize
+	type target struct {
+		r   *request
+		idx int
+	}
+	targets := make([]target, len(slots))
+	limit := int64(e.caches[0].NumPages()) * int64(ps)
+	for i, s := range slots {
+		if s < 0 || s >= limit {
+			return res, fmt.Errorf("kv write: slot %d is outside the pool [0, %d): %w", s, limit, ErrBadKVWrite)
+		}
+		r := e.pageKV[int32(s/int64(ps))]
+		if r == nil {
+			return res, fmt.Errorf("kv write: slot %d (page %d) is not reserved by a prepared request: %w", s, s/int64(ps), ErrBadKVWrite)
+		}
+		idx, ok := r.kv.index(s, ps)
+		if !ok {
+			return res, fmt.Errorf("kv write: slot %d is on a page of %s but not one of its reserved slots: %w", s, r.id, ErrBadKVWrite)
+		}
+		if r.kv.has(idx) {
+			return res, fmt.Errorf("kv write: slot %d of %s (token %d) was already written: %w", s, r.id, r.matched+idx, ErrBadKVWrite)
+		}
+		targets[i] = target{r, idx}
+	}
+	seen := make(map[int64]struct{}, len(slots))
+	for _, s := range slots {
+		if _, dup := seen[s]; dup {
+			return res, fmt.Errorf("kv write: slot %d appears twice: %w", s, ErrBadKVWrite)
+		}
+		seen[s] = struct{}{}
+	}
+	e.setNow(now)
+	// Everything checked: write.
+	type group struct {
+		r     *request
+		slots []int64
+	}
+	var groups []*group
+	byReq := map[*request]*group{}
+	for i, t := range targets {
+		if tb > 0 {
+			for m, a := range e.arenas {
+				off := (i*len(e.arenas) + m) * tb
+				a.WriteSlot(slots[i], payload[off:off+tb])
+			}
+		}
+		t.r.kv.set(t.idx)
+		g := byReq[t.r]
+		if g == nil {
+			g = &group{r: t.r}
+			byReq[t.r] = g
+			groups = append(groups, g)
+		}
+		g.slots = append(g.slots, slots[i])
+	}
+	e.totals.KVTokens += uint64(len(slots))
+	for _, g := range groups {
+		r := g.r
+		res.Requests = append(res.Requests, r.id)
+		e.emit(KVReceived{Stamp: e.mark(), ID: r.id, Runs: toRuns(g.slots), Received: r.kv.received, Reserved: r.kv.reserved})
+		if r.kv.complete() {
+			res.Complete = append(res.Complete, r.id)
+			r.state = StateKVComplete
+			e.unmapKV(r)
+			if e.cfg.ExcludeUnreceived && !r.extQueued {
+				e.queueExtension(r)
+			}
+		}
+	}
+	return res, nil
+}
+
+// toRuns compresses slots into runs.
+func toRuns(slots []int64) []pages.Run {
+	flat := pages.Compress(nil, slots)
+	runs := make([]pages.Run, 0, flat[0])
+	for i := 1; i < len(flat); i += 2 {
+		runs = append(runs, pages.Run{Start: flat[i], Len: flat[i+1]})
+	}
+	return runs
+}
+
+// Abort aborts a request. A waiting one leaves the queue; a running one ends and its
+// sequence is recycled as a finished one would be; a prepared one is dropped but its KV
+// sequence, prefix entry and id leak, as in MLC, and the leak is flagged.
+func (e *Engine) Abort(now time.Time, id string) error {
+	r := e.reqs[id]
+	if r == nil {
+		return fmt.Errorf("abort %s: %w", id, ErrUnknownRequest)
+	}
+	if r.state.Ended() {
+		return fmt.Errorf("abort %s: the request is %s: %w", id, r.state, ErrEnded)
+	}
+	e.setNow(now)
+	switch r.state {
+	case StateWaiting:
+		e.waiting = remove(e.waiting, r)
+		e.end(r, StateAborted, AbortByClient)
+		e.emit(RequestAborted{Stamp: e.mark(), ID: id, Reason: AbortByClient})
+	case StatePrepared, StateKVComplete:
+		e.leavePrepared(r)
+		r.leaked = true
+		e.leaks = append(e.leaks, r)
+		n := e.seqPages(r.seq)
+		e.end(r, StateAborted, AbortByClient)
+		e.emit(RequestAborted{Stamp: e.mark(), ID: id, Reason: AbortByClient, Leaked: true, LeakedPages: n})
+		e.hazard(Hazard{Kind: HazardAbortLeak, ID: id, Seq: r.seq, Pages: n})
+	case StateRunning:
+		e.waiting = remove(e.waiting, r)
+		e.running = remove(e.running, r)
+		e.end(r, StateAborted, AbortByClient)
+		e.emit(RequestAborted{Stamp: e.mark(), ID: id, Reason: AbortByClient})
+		e.release(r, true)
+	}
+	e.tokens = append(e.tokens, Token{ID: id, Index: -1, Token: -1, Final: true, FinishReason: AbortByClient})
+	return nil
+}
+
+// seqPages is the number of pages a sequence uses.
+func (e *Engine) seqPages(seq int64) int {
+	pgs, _ := e.caches[0].SequencePages(seq, nil)
+	return len(pgs)
+}
+
+// Step runs one scheduler turn: prepare-receive, then new-request prefill, then batch
+// decode; the first action that processes a request ends the step (spec section 6).
+func (e *Engine) Step(now time.Time) Ready {
+	e.setNow(now)
+	e.step++
+	sc := StepCompleted{}
+	switch {
+	case e.prepareReceive(&sc):
+		sc.Action = ActionPrepareReceive
+	case e.prefill(&sc):
+		sc.Action = ActionPrefill
+	case e.decode(&sc):
+		sc.Action = ActionDecode
+	}
+	for _, r := range e.extQueue {
+		e.queueExtension(r)
+	}
+	e.extQueue = e.extQueue[:0]
+	e.timeouts()
+	e.retireOld()
+	e.flushPrefix()
+	e.totals.Steps++
+	e.totals.Actions[sc.Action]++
+	sc.Stamp = e.mark()
+	sc.Counts = e.counts()
+	e.last = sc
+	e.emit(sc)
+	rd := Ready{Step: e.step, Now: e.now, Action: sc.Action, Events: e.out, Tokens: e.tokens}
+	e.out, e.tokens = nil, nil
+	e.checkInvariants()
+	return rd
+}
+
+// prepareReceive runs the action over the waiting prepare-receive requests, one admission at
+// a time so that requests queued behind the blocked one cost nothing.
+func (e *Engine) prepareReceive(sc *StepCompleted) bool {
+	running := e.numRunning()
+	admitted := 0
+	for {
+		head := e.headPrep()
+		if head == nil {
+			break
+		}
+		out := e.act.Step(running, []prepare.Request{head.prepareRequest()})
+		if out.Blocked != nil {
+			e.block(head, *out.Blocked)
+			break
+		}
+		e.admit(head, out.Admitted[0])
+		admitted++
+	}
+	sc.Admitted = admitted
+	return admitted > 0
+}
+
+func (r *request) prepareRequest() prepare.Request {
+	return prepare.Request{ID: r.id, Prompt: r.prompt, End: r.end, HasEnd: true}
+}
+
+// headPrep returns the first prepare-receive request in the waiting queue.
+func (e *Engine) headPrep() *request {
+	for _, r := range e.waiting {
+		if r.state == StateWaiting {
+			return r
+		}
+	}
+	return nil
+}
+
+// numRunning counts running requests with nothing left to prefill.
+func (e *Engine) numRunning() int {
+	n := 0
+	for _, r := range e.running {
+		if r.pending == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+func (e *Engine) block(r *request, ev prepare.Evaluation) {
+	if r.eval != nil && *r.eval == ev {
+		return
+	}
+	r.eval = &ev
+	e.totals.Blocked[ev.Reason]++
+	e.emit(PrepareBlocked{Stamp: e.mark(), ID: r.id, Eval: ev})
+}
+
+// admit turns an admission into the request's new state and its events.
+func (e *Engine) admit(r *request, p prepare.Prepared) {
+	e.waiting = remove(e.waiting, r)
+	r.eval = nil
+	r.seq = p.Seq
+	r.matched = p.Matched
+	r.match = p.Match.Kind
+	r.parent = p.Match.Parent
+	r.admitted = e.mark()
+	r.state = StatePrepared
+	md, err := prepare.Split(p.Metadata)
+	if err != nil {
+		panic(fmt.Sprintf("engine: admission of %s produced bad metadata %v: %v", r.id, p.Metadata, err))
+	}
+	r.runs = md
+	r.encoded = p.Encoded
+	r.kv = newKVProgress(md[0], e.cfg.PageSize)
+	e.totals.Admitted++
+	st := e.mark()
+	e.emit(PrefixMatched{Stamp: st, ID: r.id, Seq: p.Seq, Match: p.Match.Kind, Matched: p.Matched,
+		Parent: p.Match.Parent, Pop: p.Match.Pop, Path: p.Match.Path, Candidates: p.Match.Candidates})
+	switch p.Match.Kind {
+	case prefix.Fork:
+		e.emit(SeqForked{Stamp: st, Parent: p.Match.Parent, Child: p.Seq, Pos: p.Matched, CopiedPage: p.CopiedPage, ID: r.id})
+	case prefix.Reuse:
+		if p.Match.Pop > 0 {
+			e.emit(SeqPopped{Stamp: st, Seq: p.Seq, N: p.Match.Pop})
+		}
+	default:
+		e.emit(SeqAdded{Stamp: st, Seq: p.Seq, ID: r.id})
+	}
+	if p.Match.Kind != prefix.Fresh {
+		e.checkForkRace(r, p)
+	}
+	e.seqOwner[p.Seq] = r
+	if n := r.end - r.matched; n > 0 {
+		e.emit(PagesReserved{Stamp: st, Seq: p.Seq, ID: r.id, N: n, NewPages: e.newPages(md[0])})
+	}
+	e.emit(PrepareAdmitted{Stamp: st, ID: r.id, Seq: p.Seq, End: r.end, Matched: p.Matched, PagesTaken: p.PagesTaken, Evicted: p.Evaluation.Evicted})
+	e.emit(MetadataEmitted{Stamp: st, ID: r.id, Seq: p.Seq, PromptLength: len(r.prompt), Matched: p.Matched, Runs: md, Encoded: p.Encoded})
+	e.metadata = appendBounded(e.metadata, MetadataEmitted{Stamp: st, ID: r.id, Seq: p.Seq, PromptLength: len(r.prompt), Matched: p.Matched, Runs: md, Encoded: p.Encoded}, e.cfg.KeepMetadata)
+	if r.kv.complete() {
+		r.state = StateKVComplete
+	} else {
+		for _, sp := range r.kv.spans {
+			e.pageKV[sp.page] = r
+		}
+	}
+	e.prepared = append(e.prepared, r)
+	if !e.cfg.ExcludeUnreceived || r.kv.complete() {
+		e.extQueue = append(e.extQueue, r)
+	}
+}
+
+// newPages lists the pages of a reservation's runs that no slot before the reservation
+// used: the pages it took off the free list, in order.
+func (e *Engine) newPages(runs []pages.Run) []int32 {
+	ps := int64(e.cfg.PageSize)
+	var out []int32
+	for _, r := range runs {
+		// Blocks start on page boundaries, so a page is new exactly when the reservation
+		// writes its first slot.
+		for s := (r.Start + ps - 1) / ps * ps; s < r.End(); s += ps {
+			out = append(out, int32(s/ps))
+		}
+	}
+	return out
+}
+
+// checkForkRace flags a fork or reuse from a sequence whose KV has not all arrived.
+func (e *Engine) checkForkRace(r *request, p prepare.Prepared) {
+	owner := e.seqOwner[p.Match.Parent]
+	if owner == nil || owner.kv.reserved == 0 {
+		return
+	}
+	shared := min(p.Matched, owner.end) - owner.matched
+	if shared <= 0 {
+		return
+	}
+	if miss := owner.kv.missing(shared); miss > 0 {
+		e.hazard(Hazard{Kind: HazardForkUnreceived, ID: r.id, Seq: p.Seq, Parent: owner.id, ParentSeq: p.Match.Parent, Pos: p.Matched, Unreceived: miss})
+	}
+}
+
+// queueExtension tells the prefix cache (lazily) that the request's sequence holds its
+// prompt up to end.
+func (e *Engine) queueExtension(r *request) {
+	r.extQueued = true
+	if e.radix && r.end > r.matched && e.prefix.HasSequence(r.seq) {
+		e.prefix.ExtendSequence(r.seq, r.prompt[r.matched:r.end])
+	}
+}
+
+// leavePrepared takes a request off the prepared list and its pages off the KV map.
+func (e *Engine) leavePrepared(r *request) {
+	e.prepared = remove(e.prepared, r)
+	e.unmapKV(r)
+}
+
+func (e *Engine) unmapKV(r *request) {
+	for _, sp := range r.kv.spans {
+		if e.pageKV[sp.page] == r {
+			delete(e.pageKV, sp.page)
+		}
+	}
+}
+
+// prefill runs new-request prefill over the started requests with a tail, front of the
+// waiting queue first, within the prefill chunk budget.
+func (e *Engine) prefill(sc *StepCompleted) bool {
+	budget := e.cfg.PrefillChunkSize
+	var done []*request
+	for _, r := range e.waiting {
+		if r.state != StateRunning || r.pending == 0 || budget == 0 {
+			continue
+		}
+		chunk := min(r.pending, budget)
+		need := e.pagesNeeded(r.seq, chunk)
+		for need > e.caches[0].NumAvailablePages() && e.prefix.TryFreeMemory() {
+		}
+		if need > e.caches[0].NumAvailablePages() {
+			break
+		}
+		newPages := e.reserve(r.seq, chunk)
+		if e.radix && e.prefix.HasSequence(r.seq) {
+			e.prefix.ExtendSequence(r.seq, r.prompt[r.tailPos:r.tailPos+chunk])
+		}
+		r.tailPos += chunk
+		r.pending -= chunk
+		budget -= chunk
+		sc.Prefilled++
+		e.emit(PagesReserved{Stamp: e.mark(), Seq: r.seq, ID: r.id, N: chunk, NewPages: newPages})
+		e.emit(Prefilled{Stamp: e.mark(), ID: r.id, Tokens: chunk, Remaining: r.pending})
+		if r.pending == 0 {
+			done = append(done, r)
+		}
+	}
+	for _, r := range done {
+		e.waiting = remove(e.waiting, r)
+		e.sample(r)
+	}
+	for _, r := range done {
+		if r.generated >= r.maxTokens {
+			e.finish(r)
+		}
+	}
+	return sc.Prefilled > 0
+}
+
+// pagesNeeded returns how many pages appending n tokens to a sequence takes.
+func (e *Engine) pagesNeeded(seq int64, n int) int {
+	length, _ := e.caches[0].SequenceLength(seq)
+	ps := e.cfg.PageSize
+	// Every block starts on a page boundary, so a sequence's last page is partly filled
+	// exactly when its length is not a multiple of the page size.
+	room := (ps - length%ps) % ps
+	if n <= room {
+		return 0
+	}
+	return (n - room + ps - 1) / ps
+}
+
+// reserve appends n slots to a sequence in every model's cache and returns the pages taken.
+func (e *Engine) reserve(seq int64, n int) []int32 {
+	before := e.caches[0].NumAvailablePages()
+	var slots []int64
+	for _, c := range e.caches {
+		var err error
+		slots, err = c.ReserveAppend(seq, n, e.scratch[:0])
+		if err != nil {
+			panic(fmt.Sprintf("engine: reserve %d in seq %d after checking for pages: %v", n, seq, err))
+		}
+		e.scratch = slots
+	}
+	taken := before - e.caches[0].NumAvailablePages()
+	if taken == 0 {
+		return nil
+	}
+	ps := int64(e.cfg.PageSize)
+	var out []int32
+	for _, s := range slots {
+		if s%ps == 0 {
+			out = append(out, int32(s/ps))
+		}
+	}
+	return out[len(out)-taken:]
+}
+
+// decode runs batch decode: one token for every running request with nothing to prefill,
+// preempting the last ones when pages run short and eviction frees nothing.
+func (e *Engine) decode(sc *StepCompleted) bool {
+	var batch []*request
+	for _, r := range e.running {
+		if r.pending == 0 {
+			batch = append(batch, r)
+		}
+	}
+	if len(batch) == 0 {
+		return false
+	}
+	for len(batch) > 0 && e.caches[0].NumAvailablePages() < len(batch) {
+		if e.prefix.TryFreeMemory() {
+			continue
+		}
+		victim := batch[len(batch)-1]
+		batch = batch[:len(batch)-1]
+		e.preempt(victim)
+		sc.Preempted++
+	}
+	if len(batch) == 0 {
+		return sc.Preempted > 0
+	}
+	ids := make([]string, len(batch))
+	for i, r := range batch {
+		ids[i] = r.id
+		for _, c := range e.caches {
+			if _, err := c.ReserveAppend(r.seq, 1, e.scratch[:0]); err != nil {
+				panic(fmt.Sprintf("engine: decode %s: %v", r.id, err))
+			}
+		}
+		if e.radix && e.prefix.HasSequence(r.seq) {
+			e.prefix.ExtendSequence(r.seq, []int32{r.lastToken})
+		}
+		e.sample(r)
+	}
+	sc.Decoded = len(batch)
+	e.emit(Decoded{Stamp: e.mark(), IDs: ids})
+	for _, r := range batch {
+		if r.generated >= r.maxTokens {
+			e.finish(r)
+		}
+	}
+	return true
+}
+
+// sample generates a request's next token.
+func (e *Engine) sample(r *request) {
+	tok := simToken(e.cfg.Seed, r.id, r.generated, e.cfg.VocabSize)
+	r.generated++
+	r.lastToken = tok
+	e.totals.Generated++
+	t := Token{ID: r.id, Index: r.streamed, Token: tok}
+	r.streamed++
+	if r.generated >= r.maxTokens {
+		t.Final = true
+		t.FinishReason = "length"
+	}
+	e.tokens = append(e.tokens, t)
+}
+
+// simToken is the deterministic stand-in for sampling.
+func simToken(seed uint64, id string, i, vocab int) int32 {
+	h := seed ^ 0x9e3779b97f4a7c15
+	for _, c := range []byte(id) {
+		h = (h ^ uint64(c)) * 0x100000001b3
+	}
+	h ^= uint64(i) * 0xbf58476d1ce4e5b9
+	h ^= h >> 31
+	h *= 0x94d049bb133111eb
+	h ^= h >> 29
+	return int32(h % uint64(vocab))
+}
+
+// finish ends a request that generated its tokens and recycles its sequence.
+func (e *Engine) finish(r *request) {
+	e.running = remove(e.running, r)
+	e.end(r, StateFinished, "length")
+	e.totals.Finished++
+	e.emit(RequestFinished{Stamp: e.mark(), ID: r.id, Generated: r.generated, Reason: "length"})
+	e.release(r, true)
+}
+
+// release gives up a request's KV sequence: recycled into the prefix cache when recycle is
+// set and the cache holds it, else removed.
+func (e *Engine) release(r *request, recycle bool) {
+	if recycle && e.radix && e.prefix.HasSequence(r.seq) {
+		if err := e.prefix.RecycleSequence(r.seq); err != nil {
+			panic(fmt.Sprintf("engine: recycle %s seq %d: %v", r.id, r.seq, err))
+		}
+		if e.prefix.HasSequence(r.seq) {
+			e.totals.Recycled++
+			e.emit(SeqRecycled{Stamp: e.mark(), Seq: r.seq, ID: r.id})
+		}
+		return
+	}
+	if e.prefix.HasSequence(r.seq) {
+		if err := e.prefix.RemoveSequence(r.seq); err != nil {
+			panic(fmt.Sprintf("engine: remove %s seq %d from the prefix cache: %v", r.id, r.seq, err))
+		}
+	}
+	e.removeSeq(r.seq)
+}
+
+// removeSeq removes a KV sequence from every model's cache.
+func (e *Engine) removeSeq(seq int64) {
+	before := e.caches[0].NumAvailablePages()
+	for _, c := range e.caches {
+		if err := c.RemoveSequence(seq); err != nil {
+			panic(fmt.Sprintf("engine: remove seq %d: %v", seq, err))
+		}
+	}
+	delete(e.seqOwner, seq)
+	e.ids.Recycle(seq)
+	e.emit(SeqRemoved{Stamp: e.mark(), Seq: seq, Freed: e.caches[0].NumAvailablePages() - before})
+}
+
+// onEvict is the prefix cache's eviction callback: the KV sequence goes too.
+func (e *Engine) onEvict(seq int64) {
+	before := e.caches[0].NumAvailablePages()
+	for _, c := range e.caches {
+		if err := c.RemoveSequence(seq); err != nil {
+			panic(fmt.Sprintf("engine: evict seq %d: %v", seq, err))
+		}
+	}
+	delete(e.seqOwner, seq)
+	e.ids.Recycle(seq)
+	e.totals.Evicted++
+	e.emit(SeqEvicted{Stamp: e.mark(), Seq: seq, Freed: e.caches[0].NumAvailablePages() - before})
+}
+
+// preempt aborts a running request for want of pages and frees its KV; the router starts
+// its three calls again.
+func (e *Engine) preempt(r *request) {
+	e.running = remove(e.running, r)
+	e.end(r, StatePreempted, AbortPreempt)
+	e.totals.Preempted++
+	e.emit(RequestAborted{Stamp: e.mark(), ID: r.id, Reason: AbortPreempt})
+	e.release(r, false)
+	e.tokens = append(e.tokens, Token{ID: r.id, Index: -1, Token: -1, Final: true, FinishReason: AbortPreempt})
+}
+
+// end marks a request over and queues it for retirement.
+func (e *Engine) end(r *request, st RequestState, reason string) {
+	r.state = st
+	r.finishReason = reason
+	r.ended = e.mark()
+	r.pending = 0
+	r.eval = nil
+	if st == StateAborted || st == StatePreempted {
+		e.totals.Aborted++
+	}
+	e.ended = append(e.ended, r)
+}
+
+// timeouts flags requests prepared for too long and, with ReclaimAfter set, frees them and
+// the sequences of aborted prepared requests.
+func (e *Engine) timeouts() {
+	if e.cfg.PreparedAgeLimit > 0 {
+		limit := e.cfg.PreparedAgeLimit.Milliseconds()
+		for _, r := range e.prepared {
+			if age := e.now - r.admitted.At; !r.ageFlagged && age >= limit {
+				r.ageFlagged = true
+				e.hazard(Hazard{Kind: HazardPreparedAge, ID: r.id, Seq: r.seq, AgeMs: age, Received: r.kv.received, Reserved: r.kv.reserved})
+			}
+		}
+	}
+	if e.cfg.ReclaimAfter <= 0 {
+		return
+	}
+	limit := e.cfg.ReclaimAfter.Milliseconds()
+	for _, r := range slices.Clone(e.prepared) {
+		if e.now-r.admitted.At >= limit {
+			e.leavePrepared(r)
+			e.end(r, StateAborted, AbortReclaim)
+			e.emit(RequestAborted{Stamp: e.mark(), ID: r.id, Reason: AbortReclaim})
+			e.release(r, false)
+			e.tokens = append(e.tokens, Token{ID: r.id, Index: -1, Token: -1, Final: true, FinishReason: AbortReclaim})
+		}
+	}
+	for _, r := range slices.Clone(e.leaks) {
+		if e.now-r.admitted.At >= limit {
+			e.leaks = remove(e.leaks, r)
+			r.leaked = false
+			e.release(r, false)
+		}
+	}
+}
+
+// retireOld forgets the oldest ended requests beyond KeepFinished; a leaked one is kept
+// while its sequence is held.
+func (e *Engine) retireOld() {
+	n := 0
+	for _, r := range e.ended {
+		if !r.leaked {
+			n++
+		}
+	}
+	for n > e.cfg.KeepFinished {
+		for _, r := range e.ended {
+			if !r.leaked {
+				e.retire(r)
+				break
+			}
+		}
+		n--
+	}
+}
+
+func (e *Engine) retire(r *request) {
+	delete(e.reqs, r.id)
+	e.order = remove(e.order, r)
+	e.ended = remove(e.ended, r)
+	e.emit(RequestRetired{Stamp: e.mark(), ID: r.id})
+}
+
+func (e *Engine) hazard(h Hazard) {
+	e.totals.Hazards[h.Kind]++
+	ev := HazardDetected{Stamp: e.mark(), Hazard: h}
+	if r := e.reqs[h.ID]; r != nil && len(r.hazards) < maxHazards {
+		r.hazards = append(r.hazards, h.Kind)
+	}
+	e.hazards = appendBounded(e.hazards, ev, MaxRecentHazards)
+	e.emit(ev)
+}
+
+// flushPrefix emits the prefix tree's changes since the last flush.
+func (e *Engine) flushPrefix() {
+	up, rm := e.prefix.TakeChanges()
+	if len(up) == 0 && len(rm) == 0 {
+		return
+	}
+	e.emit(PrefixChanged{Stamp: e.mark(), Upserts: up, Removed: rm, Stats: e.prefix.Stats()})
+}
+
+func (e *Engine) counts() Counts {
+	c := Counts{
+		FreePages:   e.caches[0].NumAvailablePages(),
+		TotalSeqLen: e.caches[0].TotalSequenceLength(),
+		Recycling:   e.prefix.NumRecycling(),
+	}
+	for _, r := range e.waiting {
+		if r.state == StateWaiting {
+			c.Waiting++
+		}
+	}
+	if h := e.headPrep(); h != nil && h.eval != nil {
+		c.Blocked = c.Waiting
+	}
+	for _, r := range e.prepared {
+		c.Prepared++
+		if r.state == StatePrepared {
+			c.AwaitingKV++
+		}
+	}
+	for _, r := range e.running {
+		if r.pending > 0 {
+			c.Prefilling++
+		} else {
+			c.Running++
+		}
+	}
+	return c
+}
+
+func remove[T comparable](s []T, v T) []T {
+	if i := slices.Index(s, v); i >= 0 {
+		return slices.Delete(s, i, i+1)
+	}
+	return s
+}
+
+func appendBounded[T any](s []T, v T, limit int) []T {
+	if limit == 0 {
+		return s[:0]
+	}
+	if len(s) >= limit {
+		copy(s, s[len(s)-limit+1:])
+		s = s[:limit-1]
+	}
+	return append(s, v)
+}
+
+// Check verifies the engine's invariants (spec section 10 and the queue rules): every
+// model's cache is sound and alike, the prefix cache is sound and holds only sequences the
+// caches hold, every sequence has an owner, prepared requests are in neither queue and hold
+// exactly end tokens, and the queues hold what they should. It returns the first violation.
+func (e *Engine) Check() error {
+	st := e.caches[0].State()
+	for i, c := range e.caches {
+		if err := c.Check(); err != nil {
+			return fmt.Errorf("model %d: %w", i, err)
+		}
+		if i > 0 && !sameState(st, c.State()) {
+			return fmt.Errorf("model %d's cache differs from model 0's", i)
+		}
+	}
+	if err := e.prefix.Check(); err != nil {
+		return err
+	}
+	for _, id := range e.caches[0].SequenceIDs() {
+		if e.seqOwner[id] == nil {
+			return fmt.Errorf("seq %d has no owner", id)
+		}
+	}
+	for seq, r := range e.seqOwner {
+		if !e.caches[0].HasSequence(seq) {
+			return fmt.Errorf("seq %d of %s is not in the cache", seq, r.id)
+		}
+	}
+	for _, seq := range e.prefix.Recycling() {
+		if !e.caches[0].HasSequence(seq) {
+			return fmt.Errorf("recycling seq %d is not in the cache", seq)
+		}
+	}
+	for _, r := range e.prepared {
+		if r.state != StatePrepared && r.state != StateKVComplete {
+			return fmt.Errorf("%s is on the prepared list but %s", r.id, r.state)
+		}
+		if slices.Contains(e.waiting, r) || slices.Contains(e.running, r) {
+			return fmt.Errorf("prepared %s is in a queue", r.id)
+		}
+		if l, _ := e.caches[0].SequenceLength(r.seq); l != r.end {
+			return fmt.Errorf("prepared %s: seq %d holds %d tokens, want end %d", r.id, r.seq, l, r.end)
+		}
+	}
+	for _, r := range e.waiting {
+		if r.state != StateWaiting && !(r.state == StateRunning && r.pending > 0) {
+			return fmt.Errorf("%s is in the waiting queue but %s with %d pending", r.id, r.state, r.pending)
+		}
+	}
+	for _, r := range e.running {
+		if r.state != StateRunning {
+			return fmt.Errorf("%s is in the running queue but %s", r.id, r.state)
+		}
+	}
+	for page, r := range e.pageKV {
+		if r.state != StatePrepared {
+			return fmt.Errorf("page %d waits for KV of %s, which is %s", page, r.id, r.state)
+		}
+	}
+	return nil
+}
+
+func sameState(a, b pages.State) bool {
+	if !slices.Equal(a.Free, b.Free) || !slices.Equal(a.Seqs, b.Seqs) || len(a.Blocks) != len(b.Blocks) {
+		return false
+	}
+	for i := range a.Blocks {
+		if a.Blocks[i].ID != b.Blocks[i].ID || a.Blocks[i].Length != b.Blocks[i].Length || !slices.Equal(a.Blocks[i].Pages, b.Blocks[i].Pages) {
+			return false
+		}
+	}
+	return true
+}
+
+func (e *Engine) checkInvariants() {
+	if invariants.Enabled {
+		if err := e.Check(); err != nil {
+			panic(fmt.Sprintf("engine: after step %d: %v", e.step, err))
+		}
+	}
+}

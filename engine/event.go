@@ -1,0 +1,555 @@
+package engine
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/kvtop/kvtop/engine/pages"
+	"github.com/kvtop/kvtop/engine/prefix"
+	"github.com/kvtop/kvtop/engine/prepare"
+)
+
+// Event is one state change of the engine, a past-tense fact. The set is closed: the
+// concrete types are those in this file. Events are plain values with no pointers into the
+// engine; applying them in order to a View built from a Snapshot gives the engine's next
+// Snapshot.
+type Event interface {
+	// Kind returns the event's stable name, as used on the wire ("request_arrived").
+	Kind() string
+	// String describes the event in one line, deterministically.
+	String() string
+	// When returns when the event happened.
+	When() Stamp
+	isEvent()
+}
+
+// Stamp says when an event happened: during step Step (or, for the calls that come between
+// steps, after it), at At milliseconds since the Unix epoch, engine time.
+type Stamp struct {
+	Step uint64 `json:"step"`
+	At   int64  `json:"at"`
+}
+
+// When returns the stamp; every event embeds one.
+func (s Stamp) When() Stamp { return s }
+func (Stamp) isEvent()      {}
+
+// RequestArrived fires when a prep_recv request is accepted into the waiting queue.
+type RequestArrived struct {
+	Stamp
+	ID           string `json:"id"`
+	PromptLength int    `json:"prompt_length"`
+	End          int    `json:"end"` // resolved kv_window_end
+	MaxTokens    int    `json:"max_tokens"`
+}
+
+// PrepareBlocked fires when a waiting prepare-receive request's evaluation changes: a new
+// reason, or new numbers behind the same reason. It does not fire again while nothing
+// changes.
+type PrepareBlocked struct {
+	Stamp
+	ID   string             `json:"id"`
+	Eval prepare.Evaluation `json:"eval"`
+}
+
+// PrepareAdmitted fires when prepare-receive admits a request. The request is then prepared:
+// alive, holding Seq, in neither queue.
+type PrepareAdmitted struct {
+	Stamp
+	ID         string `json:"id"`
+	Seq        int64  `json:"seq"`
+	End        int    `json:"end"`
+	Matched    int    `json:"matched"`
+	PagesTaken int    `json:"pages_taken"`
+	Evicted    int    `json:"evicted"` // recycling sequences the admission evicted
+}
+
+// PrefixMatched fires when prepare-receive matches a request's prompt against the prefix
+// cache: a new sequence, a fork of Parent at Matched, or the reuse of recycling Parent with
+// Pop tokens rolled back.
+type PrefixMatched struct {
+	Stamp
+	ID         string          `json:"id"`
+	Seq        int64           `json:"seq"`
+	Match      prefix.Kind     `json:"match"`
+	Matched    int             `json:"matched"`
+	Parent     int64           `json:"parent"`
+	Pop        int             `json:"pop"`
+	Path       []prefix.NodeID `json:"path"`
+	Candidates int             `json:"candidates"`
+}
+
+// SeqAdded fires when a new, empty KV sequence is added for request ID.
+type SeqAdded struct {
+	Stamp
+	Seq int64  `json:"seq"`
+	ID  string `json:"id"`
+}
+
+// SeqForked fires when request ID's sequence Child is forked from Parent at Pos. A mid-page
+// fork copies Pos mod page_size slots into CopiedPage (else -1).
+type SeqForked struct {
+	Stamp
+	Parent     int64  `json:"parent"`
+	Child      int64  `json:"child"`
+	Pos        int    `json:"pos"`
+	CopiedPage int32  `json:"copied_page"`
+	ID         string `json:"id"`
+}
+
+// SeqPopped fires when N tokens are popped from a sequence (a reuse rolling back).
+type SeqPopped struct {
+	Stamp
+	Seq int64 `json:"seq"`
+	N   int   `json:"n"`
+}
+
+// PagesReserved fires when a sequence grows by N slots outside a decode step: a
+// prepare-receive reservation or a prefill chunk. NewPages are the pages it took.
+type PagesReserved struct {
+	Stamp
+	Seq      int64   `json:"seq"`
+	ID       string  `json:"id"`
+	N        int     `json:"n"`
+	NewPages []int32 `json:"new_pages"`
+}
+
+// SeqRemoved fires when a KV sequence is removed other than by eviction (a preemption, a
+// finish without the prefix cache, a reclaim); Freed pages went back to the free list.
+type SeqRemoved struct {
+	Stamp
+	Seq   int64 `json:"seq"`
+	Freed int   `json:"freed"`
+}
+
+// SeqRecycled fires when a finished request's sequence becomes recycling in the prefix cache.
+type SeqRecycled struct {
+	Stamp
+	Seq int64  `json:"seq"`
+	ID  string `json:"id"`
+}
+
+// SeqEvicted fires when the prefix cache evicts a recycling sequence (least recently recycled
+// first) and its KV sequence is removed; Freed pages went back to the free list.
+type SeqEvicted struct {
+	Stamp
+	Seq   int64 `json:"seq"`
+	Freed int   `json:"freed"`
+}
+
+// MetadataEmitted fires with a prepare-receive answer: the reserved slots of each model as
+// runs, and the kv_append_metadata string.
+type MetadataEmitted struct {
+	Stamp
+	ID           string        `json:"id"`
+	Seq          int64         `json:"seq"`
+	PromptLength int           `json:"prompt_length"`
+	Matched      int           `json:"matched"`
+	Runs         [][]pages.Run `json:"runs"`
+	Encoded      string        `json:"encoded"`
+}
+
+// KVReceived fires when a prefill instance's write lands: Runs are the slots written,
+// Received and Reserved the request's totals after it.
+type KVReceived struct {
+	Stamp
+	ID       string      `json:"id"`
+	Runs     []pages.Run `json:"runs"`
+	Received int         `json:"received"`
+	Reserved int         `json:"reserved"`
+}
+
+// RequestStarted fires on start_generate. With a one-token tail the last prompt token is
+// committed as if sampled (Committed) and MaxTokens grew by one; otherwise Tail tokens wait
+// at the front of the waiting queue for prefill. Either way the request joins the running
+// queue.
+type RequestStarted struct {
+	Stamp
+	ID        string `json:"id"`
+	Begin     int    `json:"begin"`
+	Tail      int    `json:"tail"`
+	Committed bool   `json:"committed"`
+	MaxTokens int    `json:"max_tokens"`
+}
+
+// Prefilled fires when new-request prefill runs a chunk of a request's pending input. When
+// Remaining is 0 the first token was sampled and the request leaves the waiting queue.
+type Prefilled struct {
+	Stamp
+	ID        string `json:"id"`
+	Tokens    int    `json:"tokens"`
+	Remaining int    `json:"remaining"`
+}
+
+// Decoded fires when batch decode appends one token to each listed request.
+type Decoded struct {
+	Stamp
+	IDs []string `json:"ids"`
+}
+
+// RequestFinished fires when a request has generated its tokens. Its sequence is recycled or
+// removed (separate events).
+type RequestFinished struct {
+	Stamp
+	ID        string `json:"id"`
+	Generated int    `json:"generated"`
+	Reason    string `json:"reason"` // "length"
+}
+
+// Abort reasons.
+const (
+	AbortByClient = "abort"
+	AbortPreempt  = "preempt"
+	AbortReclaim  = "reclaim"
+)
+
+// RequestAborted fires when a request is aborted: by its client, by preemption, or by
+// kvtop's reclaim option. An aborted prepared request leaks its KV as MLC's does (Leaked,
+// with its pages) unless reclaimed.
+type RequestAborted struct {
+	Stamp
+	ID          string `json:"id"`
+	Reason      string `json:"reason"`
+	Leaked      bool   `json:"leaked"`
+	LeakedPages int    `json:"leaked_pages"`
+}
+
+// RequestRetired fires when the engine forgets a finished or aborted request to keep its
+// table bounded.
+type RequestRetired struct {
+	Stamp
+	ID string `json:"id"`
+}
+
+// PrefixChanged fires at the end of a step or call that changed the prefix tree: the nodes
+// created or modified (as they are now) and those deleted, and the cache's counters.
+type PrefixChanged struct {
+	Stamp
+	Upserts []prefix.Node   `json:"upserts"`
+	Removed []prefix.NodeID `json:"removed"`
+	Stats   prefix.Stats    `json:"stats"`
+}
+
+// HazardDetected fires when the engine sees something that MLC lets happen silently and that
+// usually means a bug in the router or the prefill instance (spec 11).
+type HazardDetected struct {
+	Stamp
+	Hazard Hazard `json:"hazard"`
+}
+
+// StepCompleted closes every step with what it did and the counts after it.
+type StepCompleted struct {
+	Stamp
+	Action    Action `json:"action"`
+	Admitted  int    `json:"admitted"`
+	Prefilled int    `json:"prefilled"`
+	Decoded   int    `json:"decoded"`
+	Preempted int    `json:"preempted"`
+	Counts    Counts `json:"counts"`
+}
+
+// Counts are the engine's gauges after a step.
+type Counts struct {
+	Waiting     int `json:"waiting"` // prepare-receive requests waiting
+	Blocked     int `json:"blocked"` // of which with a blocked reason
+	Prepared    int `json:"prepared"`
+	AwaitingKV  int `json:"awaiting_kv"` // prepared with KV still to arrive
+	Running     int `json:"running"`
+	Prefilling  int `json:"prefilling"` // started, with a tail waiting for prefill
+	FreePages   int `json:"free_pages"`
+	TotalSeqLen int `json:"total_seq_len"`
+	Recycling   int `json:"recycling"`
+}
+
+// Action is what a step did: the first action that processed a request ends the step.
+type Action uint8
+
+// The actions, in the order a step tries them.
+const (
+	ActionIdle Action = iota
+	ActionPrepareReceive
+	ActionPrefill
+	ActionDecode
+)
+
+var actionNames = [...]string{"idle", "prepare-receive", "prefill", "decode"}
+
+func (a Action) String() string {
+	if int(a) < len(actionNames) {
+		return actionNames[a]
+	}
+	return fmt.Sprintf("action(%d)", uint8(a))
+}
+
+// MarshalText writes the action's name.
+func (a Action) MarshalText() ([]byte, error) { return []byte(a.String()), nil }
+
+// UnmarshalText reads an action's name.
+func (a *Action) UnmarshalText(b []byte) error {
+	for i, n := range actionNames {
+		if n == string(b) {
+			*a = Action(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("engine: unknown action %q", b)
+}
+
+func (e RequestArrived) Kind() string  { return "request_arrived" }
+func (e PrepareBlocked) Kind() string  { return "prepare_blocked" }
+func (e PrepareAdmitted) Kind() string { return "prepare_admitted" }
+func (e PrefixMatched) Kind() string   { return "prefix_matched" }
+func (e SeqAdded) Kind() string        { return "seq_added" }
+func (e SeqForked) Kind() string       { return "seq_forked" }
+func (e SeqPopped) Kind() string       { return "seq_popped" }
+func (e PagesReserved) Kind() string   { return "pages_reserved" }
+func (e SeqRemoved) Kind() string      { return "seq_removed" }
+func (e SeqRecycled) Kind() string     { return "seq_recycled" }
+func (e SeqEvicted) Kind() string      { return "seq_evicted" }
+func (e MetadataEmitted) Kind() string { return "metadata_emitted" }
+func (e KVReceived) Kind() string      { return "kv_received" }
+func (e RequestStarted) Kind() string  { return "request_started" }
+func (e Prefilled) Kind() string       { return "prefilled" }
+func (e Decoded) Kind() string         { return "decoded" }
+func (e RequestFinished) Kind() string { return "request_finished" }
+func (e RequestAborted) Kind() string  { return "request_aborted" }
+func (e RequestRetired) Kind() string  { return "request_retired" }
+func (e PrefixChanged) Kind() string   { return "prefix_changed" }
+func (e HazardDetected) Kind() string  { return "hazard_detected" }
+func (e StepCompleted) Kind() string   { return "step_completed" }
+
+// EventKinds lists every event kind, for decoders and metrics.
+func EventKinds() []string {
+	return []string{"request_arrived", "prepare_blocked", "prepare_admitted", "prefix_matched",
+		"seq_added", "seq_forked", "seq_popped", "pages_reserved", "seq_removed", "seq_recycled",
+		"seq_evicted", "metadata_emitted", "kv_received", "request_started", "prefilled", "decoded",
+		"request_finished", "request_aborted", "request_retired", "prefix_changed",
+		"hazard_detected", "step_completed"}
+}
+
+// NewEvent returns a zero event of the given kind, for decoders.
+func NewEvent(kind string) (Event, bool) {
+	switch kind {
+	case "request_arrived":
+		return &RequestArrived{}, true
+	case "prepare_blocked":
+		return &PrepareBlocked{}, true
+	case "prepare_admitted":
+		return &PrepareAdmitted{}, true
+	case "prefix_matched":
+		return &PrefixMatched{}, true
+	case "seq_added":
+		return &SeqAdded{}, true
+	case "seq_forked":
+		return &SeqForked{}, true
+	case "seq_popped":
+		return &SeqPopped{}, true
+	case "pages_reserved":
+		return &PagesReserved{}, true
+	case "seq_removed":
+		return &SeqRemoved{}, true
+	case "seq_recycled":
+		return &SeqRecycled{}, true
+	case "seq_evicted":
+		return &SeqEvicted{}, true
+	case "metadata_emitted":
+		return &MetadataEmitted{}, true
+	case "kv_received":
+		return &KVReceived{}, true
+	case "request_started":
+		return &RequestStarted{}, true
+	case "prefilled":
+		return &Prefilled{}, true
+	case "decoded":
+		return &Decoded{}, true
+	case "request_finished":
+		return &RequestFinished{}, true
+	case "request_aborted":
+		return &RequestAborted{}, true
+	case "request_retired":
+		return &RequestRetired{}, true
+	case "prefix_changed":
+		return &PrefixChanged{}, true
+	case "hazard_detected":
+		return &HazardDetected{}, true
+	case "step_completed":
+		return &StepCompleted{}, true
+	}
+	return nil, false
+}
+
+// Deref returns the event value behind a pointer made by NewEvent.
+func Deref(ev Event) Event {
+	switch e := ev.(type) {
+	case *RequestArrived:
+		return *e
+	case *PrepareBlocked:
+		return *e
+	case *PrepareAdmitted:
+		return *e
+	case *PrefixMatched:
+		return *e
+	case *SeqAdded:
+		return *e
+	case *SeqForked:
+		return *e
+	case *SeqPopped:
+		return *e
+	case *PagesReserved:
+		return *e
+	case *SeqRemoved:
+		return *e
+	case *SeqRecycled:
+		return *e
+	case *SeqEvicted:
+		return *e
+	case *MetadataEmitted:
+		return *e
+	case *KVReceived:
+		return *e
+	case *RequestStarted:
+		return *e
+	case *Prefilled:
+		return *e
+	case *Decoded:
+		return *e
+	case *RequestFinished:
+		return *e
+	case *RequestAborted:
+		return *e
+	case *RequestRetired:
+		return *e
+	case *PrefixChanged:
+		return *e
+	case *HazardDetected:
+		return *e
+	case *StepCompleted:
+		return *e
+	}
+	return ev
+}
+
+func (e RequestArrived) String() string {
+	return fmt.Sprintf("arrived %s: prompt %d, end %d, max_tokens %d", e.ID, e.PromptLength, e.End, e.MaxTokens)
+}
+
+func (e PrepareBlocked) String() string {
+	return fmt.Sprintf("blocked %s: %s", e.ID, e.Eval.String())
+}
+
+func (e PrepareAdmitted) String() string {
+	s := fmt.Sprintf("admitted %s: seq %d, end %d, matched %d, %d pages taken", e.ID, e.Seq, e.End, e.Matched, e.PagesTaken)
+	if e.Evicted > 0 {
+		s += fmt.Sprintf(", %d evicted", e.Evicted)
+	}
+	return s
+}
+
+func (e PrefixMatched) String() string {
+	switch e.Match {
+	case prefix.Fork:
+		return fmt.Sprintf("prefix %s: fork seq %d from %d at %d (%d candidates)", e.ID, e.Seq, e.Parent, e.Matched, e.Candidates)
+	case prefix.Reuse:
+		return fmt.Sprintf("prefix %s: reuse seq %d, matched %d, pop %d (%d candidates)", e.ID, e.Seq, e.Matched, e.Pop, e.Candidates)
+	}
+	return fmt.Sprintf("prefix %s: new seq %d", e.ID, e.Seq)
+}
+
+func (e SeqAdded) String() string { return fmt.Sprintf("seq %d added for %s", e.Seq, e.ID) }
+
+func (e SeqForked) String() string {
+	s := fmt.Sprintf("seq %d forked from %d at %d for %s", e.Child, e.Parent, e.Pos, e.ID)
+	if e.CopiedPage >= 0 {
+		s += fmt.Sprintf(", page %d copied", e.CopiedPage)
+	}
+	return s
+}
+
+func (e SeqPopped) String() string { return fmt.Sprintf("seq %d popped %d", e.Seq, e.N) }
+
+func (e PagesReserved) String() string {
+	return fmt.Sprintf("seq %d reserved %d slots for %s, new pages %v", e.Seq, e.N, e.ID, e.NewPages)
+}
+
+func (e SeqRemoved) String() string {
+	return fmt.Sprintf("seq %d removed, %d pages freed", e.Seq, e.Freed)
+}
+
+func (e SeqRecycled) String() string { return fmt.Sprintf("seq %d of %s recycled", e.Seq, e.ID) }
+
+func (e SeqEvicted) String() string {
+	return fmt.Sprintf("seq %d evicted, %d pages freed", e.Seq, e.Freed)
+}
+
+func (e MetadataEmitted) String() string {
+	return fmt.Sprintf("metadata %s: %s %s", e.ID, runsText(e.Runs), e.Encoded)
+}
+
+func runsText(runs [][]pages.Run) string {
+	var b strings.Builder
+	for i, model := range runs {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteByte('[')
+		for j, r := range model {
+			if j > 0 {
+				b.WriteByte(' ')
+			}
+			fmt.Fprintf(&b, "%d+%d", r.Start, r.Len)
+		}
+		b.WriteByte(']')
+	}
+	return b.String()
+}
+
+func (e KVReceived) String() string {
+	return fmt.Sprintf("kv %s: %s, %d/%d received", e.ID, runsText([][]pages.Run{e.Runs}), e.Received, e.Reserved)
+}
+
+func (e RequestStarted) String() string {
+	if e.Committed {
+		return fmt.Sprintf("started %s: begin %d, last token committed, max_tokens %d", e.ID, e.Begin, e.MaxTokens)
+	}
+	return fmt.Sprintf("started %s: begin %d, %d tokens to prefill", e.ID, e.Begin, e.Tail)
+}
+
+func (e Prefilled) String() string {
+	return fmt.Sprintf("prefilled %s: %d tokens, %d left", e.ID, e.Tokens, e.Remaining)
+}
+
+func (e Decoded) String() string {
+	return fmt.Sprintf("decoded %d: %s", len(e.IDs), strings.Join(e.IDs, " "))
+}
+
+func (e RequestFinished) String() string {
+	return fmt.Sprintf("finished %s: %d tokens (%s)", e.ID, e.Generated, e.Reason)
+}
+
+func (e RequestAborted) String() string {
+	s := fmt.Sprintf("aborted %s (%s)", e.ID, e.Reason)
+	if e.Leaked {
+		s += fmt.Sprintf(", %d pages leaked", e.LeakedPages)
+	}
+	return s
+}
+
+func (e RequestRetired) String() string { return "retired " + e.ID }
+
+func (e PrefixChanged) String() string {
+	ids := make([]string, 0, len(e.Upserts))
+	for _, n := range e.Upserts {
+		ids = append(ids, fmt.Sprint(n.ID))
+	}
+	return fmt.Sprintf("prefix tree: %d nodes changed [%s], %d removed %v; hit %d/%d tokens",
+		len(e.Upserts), strings.Join(ids, " "), len(e.Removed), e.Removed, e.Stats.HitTokens, e.Stats.QueryTokens)
+}
+
+func (e HazardDetected) String() string { return "hazard " + e.Hazard.String() }
+
+func (e StepCompleted) String() string {
+	c := e.Counts
+	return fmt.Sprintf("step %d %s: admitted %d prefilled %d decoded %d preempted %d | waiting %d blocked %d prepared %d awaiting-kv %d running %d prefilling %d | free %d total %d recycling %d",
+		e.Step, e.Action, e.Admitted, e.Prefilled, e.Decoded, e.Preempted,
+		c.Waiting, c.Blocked, c.Prepared, c.AwaitingKV, c.Running, c.Prefilling, c.FreePages, c.TotalSeqLen, c.Recycling)
+}

@@ -1,0 +1,650 @@
+package engine
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/kvtop/kvtop/engine/pages"
+	"github.com/kvtop/kvtop/engine/prefix"
+	"github.com/kvtop/kvtop/engine/prepare"
+)
+
+// Snapshot is the whole state a viewer needs to draw the engine from scratch. Applying the
+// engine's later events to it (through a View) gives the engine's later snapshots.
+type Snapshot struct {
+	Config Config `json:"config"`
+	// Stamp is that of the last event the snapshot includes.
+	Stamp    Stamp         `json:"stamp"`
+	Requests []RequestView `json:"requests"` // the request table, in arrival order
+	// Waiting is the waiting queue: prepare-receive requests, and started requests whose
+	// tail waits for prefill (at the front).
+	Waiting []string `json:"waiting"`
+	Running []string `json:"running"`
+	// Pages is model 0's paged KV cache (every model's is alike).
+	Pages       pages.State   `json:"pages"`
+	Prefix      []prefix.Node `json:"prefix"` // the radix tree, depth first, root first
+	PrefixStats prefix.Stats  `json:"prefix_stats"`
+	// Recycling lists the recycling sequences, least recently recycled (next evicted) first.
+	Recycling []int64 `json:"recycling"`
+	// Owners names the request holding, or that last held, each KV sequence.
+	Owners   []SeqOwner        `json:"owners"`
+	Metadata []MetadataEmitted `json:"metadata"` // recent prepare-receive answers, oldest first
+	Hazards  []HazardDetected  `json:"hazards"`  // recent hazards, oldest first
+	Totals   Totals            `json:"totals"`
+	Last     StepCompleted     `json:"last"` // the last step's summary
+}
+
+// SeqOwner names the request of a KV sequence.
+type SeqOwner struct {
+	Seq int64  `json:"seq"`
+	ID  string `json:"id"`
+}
+
+// RequestView is one request as a viewer sees it.
+type RequestView struct {
+	ID           string       `json:"id"`
+	State        RequestState `json:"state"`
+	PromptLength int          `json:"prompt_length"`
+	End          int          `json:"end"`
+	MaxTokens    int          `json:"max_tokens"`
+	Seq          int64        `json:"seq"` // -1 until admitted
+	Matched      int          `json:"matched"`
+	Match        prefix.Kind  `json:"match"`
+	Parent       int64        `json:"parent"`
+	// Runs are the reserved slots of each model; Encoded the kv_append_metadata answer.
+	Runs    [][]pages.Run `json:"runs,omitempty"`
+	Encoded string        `json:"encoded,omitempty"`
+	// Reserved and Received count model 0's reserved slots and those written; RunReceived
+	// counts the written ones per run of model 0.
+	Reserved    int   `json:"reserved"`
+	Received    int   `json:"received"`
+	RunReceived []int `json:"run_received,omitempty"`
+	Pending     int   `json:"pending"` // tail tokens left to prefill
+	Generated   int   `json:"generated"`
+
+	Arrived  Stamp `json:"arrived"`
+	Admitted Stamp `json:"admitted"`
+	Started  Stamp `json:"started"`
+	Ended    Stamp `json:"ended"`
+
+	// Eval is the admission evaluation of a waiting request at the head of the line, as of
+	// its last change; nil for one that has not been evaluated or is not waiting. A waiting
+	// request behind a blocked head is blocked head-of-line (see View.Blocked).
+	Eval         *prepare.Evaluation `json:"eval,omitempty"`
+	Leaked       bool                `json:"leaked,omitempty"`
+	FinishReason string              `json:"finish_reason,omitempty"`
+	Hazards      []HazardKind        `json:"hazards,omitempty"`
+	History      []Mark              `json:"history"`
+}
+
+// Snapshot returns the engine's state. Take it when no events are pending (after Step or
+// TakeEvents): the snapshot includes their effects.
+func (e *Engine) Snapshot() Snapshot {
+	s := Snapshot{
+		Config:      e.cfg,
+		Stamp:       e.stamp,
+		Pages:       e.caches[0].State(),
+		Prefix:      e.prefix.Nodes(),
+		PrefixStats: e.prefix.Stats(),
+		Recycling:   e.prefix.Recycling(),
+		Metadata:    slices.Clone(e.metadata),
+		Hazards:     slices.Clone(e.hazards),
+		Totals:      e.totals,
+		Last:        e.last,
+	}
+	for _, r := range e.order {
+		s.Requests = append(s.Requests, r.view())
+	}
+	for _, r := range e.waiting {
+		s.Waiting = append(s.Waiting, r.id)
+	}
+	for _, r := range e.running {
+		s.Running = append(s.Running, r.id)
+	}
+	for seq, r := range e.seqOwner {
+		s.Owners = append(s.Owners, SeqOwner{Seq: seq, ID: r.id})
+	}
+	slices.SortFunc(s.Owners, func(a, b SeqOwner) int { return cmp.Compare(a.Seq, b.Seq) })
+	s.normalize()
+	return s
+}
+
+func (r *request) view() RequestView {
+	v := RequestView{
+		ID: r.id, State: r.state, PromptLength: len(r.prompt), End: r.end, MaxTokens: r.maxTokens,
+		Seq: r.seq, Matched: r.matched, Match: r.match, Parent: r.parent,
+		Runs: r.runs, Encoded: r.encoded, Reserved: r.kv.reserved, Received: r.kv.received,
+		RunReceived: slices.Clone(r.kv.runRecv), Pending: r.pending, Generated: r.generated,
+		Arrived: r.arrived, Admitted: r.admitted, Started: r.started, Ended: r.ended,
+		Leaked: r.leaked, FinishReason: r.finishReason,
+		Hazards: slices.Clone(r.hazards), History: slices.Clone(r.history),
+	}
+	if r.eval != nil {
+		ev := *r.eval
+		v.Eval = &ev
+	}
+	return v
+}
+
+// normalize makes empty lists nil so that equal states compare equal however they were
+// built.
+func (s *Snapshot) normalize() {
+	nilIfEmpty(&s.Requests)
+	nilIfEmpty(&s.Waiting)
+	nilIfEmpty(&s.Running)
+	nilIfEmpty(&s.Prefix)
+	nilIfEmpty(&s.Recycling)
+	nilIfEmpty(&s.Owners)
+	nilIfEmpty(&s.Metadata)
+	nilIfEmpty(&s.Hazards)
+	nilIfEmpty(&s.Pages.Free)
+	nilIfEmpty(&s.Pages.FreeBlocks)
+	nilIfEmpty(&s.Pages.Blocks)
+	nilIfEmpty(&s.Pages.Seqs)
+	for i := range s.Pages.Blocks {
+		nilIfEmpty(&s.Pages.Blocks[i].Pages)
+	}
+	for i := range s.Prefix {
+		nilIfEmpty(&s.Prefix[i].Seqs)
+	}
+	for i := range s.Requests {
+		r := &s.Requests[i]
+		nilIfEmpty(&r.Runs)
+		nilIfEmpty(&r.RunReceived)
+		nilIfEmpty(&r.Hazards)
+		nilIfEmpty(&r.History)
+		for j := range r.Runs {
+			nilIfEmpty(&r.Runs[j])
+		}
+	}
+}
+
+func nilIfEmpty[T any](s *[]T) {
+	if len(*s) == 0 {
+		*s = nil
+	}
+}
+
+// ErrDiverged is returned by View.Apply when an event does not fit the view's state: the
+// view missed something and needs a fresh snapshot.
+var ErrDiverged = errors.New("engine: view diverged from the engine")
+
+// View is a viewer's live copy of the engine's state: a Snapshot kept current by applying
+// the engine's events in order. It keeps a replica of model 0's paged KV cache, so the page
+// map is exact. A View is not safe for concurrent use.
+type View struct {
+	cfg       Config
+	stamp     Stamp
+	reqs      map[string]*RequestView
+	order     []*RequestView
+	waiting   []string
+	running   []string
+	cache     *pages.Cache
+	nodes     map[prefix.NodeID]prefix.Node
+	stats     prefix.Stats
+	recycling []int64
+	owners    map[int64]string
+	kv        map[string]*kvProgress
+	metadata  []MetadataEmitted
+	hazards   []HazardDetected
+	totals    Totals
+	last      StepCompleted
+	version   uint64
+}
+
+// NewView builds a view from a snapshot.
+func NewView(s Snapshot) (*View, error) {
+	c, err := pages.FromState(s.Pages, nil)
+	if err != nil {
+		return nil, fmt.Errorf("engine: view from snapshot: %w", err)
+	}
+	v := &View{
+		cfg: s.Config, stamp: s.Stamp, cache: c,
+		reqs:      make(map[string]*RequestView, len(s.Requests)),
+		waiting:   slices.Clone(s.Waiting),
+		running:   slices.Clone(s.Running),
+		nodes:     make(map[prefix.NodeID]prefix.Node, len(s.Prefix)),
+		stats:     s.PrefixStats,
+		recycling: slices.Clone(s.Recycling),
+		owners:    make(map[int64]string, len(s.Owners)),
+		kv:        make(map[string]*kvProgress),
+		metadata:  slices.Clone(s.Metadata),
+		hazards:   slices.Clone(s.Hazards),
+		totals:    s.Totals,
+		last:      s.Last,
+		version:   1,
+	}
+	for i := range s.Requests {
+		r := s.Requests[i]
+		r.History = slices.Clone(r.History)
+		r.Hazards = slices.Clone(r.Hazards)
+		r.RunReceived = slices.Clone(r.RunReceived)
+		if _, dup := v.reqs[r.ID]; dup {
+			return nil, fmt.Errorf("engine: view from snapshot: request %s twice: %w", r.ID, ErrDiverged)
+		}
+		v.reqs[r.ID] = &r
+		v.order = append(v.order, &r)
+		if len(r.Runs) > 0 && r.Reserved > 0 {
+			kp := newKVProgress(r.Runs[0], s.Config.PageSize)
+			if kp.reserved != r.Reserved || len(kp.runRecv) != len(r.RunReceived) {
+				return nil, fmt.Errorf("engine: view from snapshot: request %s reserves %d slots, runs hold %d: %w", r.ID, r.Reserved, kp.reserved, ErrDiverged)
+			}
+			// Which slots were written is not in the snapshot, only how many per run. A
+			// viewer needs no more: later writes are counted by the runs they land in.
+			copy(kp.runRecv, r.RunReceived)
+			kp.received = r.Received
+			v.kv[r.ID] = &kp
+		}
+	}
+	for _, n := range s.Prefix {
+		v.nodes[n.ID] = n
+	}
+	for _, o := range s.Owners {
+		v.owners[o.Seq] = o.ID
+	}
+	return v, nil
+}
+
+// Version changes whenever the view changes; panels cache what they render by it.
+func (v *View) Version() uint64 { return v.version }
+
+// Config returns the engine's configuration.
+func (v *View) Config() Config { return v.cfg }
+
+// Stamp returns the stamp of the last event applied.
+func (v *View) Stamp() Stamp { return v.stamp }
+
+// Cache returns the replica of model 0's paged KV cache. Read it; do not change it.
+func (v *View) Cache() *pages.Cache { return v.cache }
+
+// Request returns a request by id.
+func (v *View) Request(id string) (*RequestView, bool) {
+	r, ok := v.reqs[id]
+	return r, ok
+}
+
+// Requests returns the request table in arrival order. Read it; do not change it.
+func (v *View) Requests() []*RequestView { return v.order }
+
+// Waiting and Running return the queues.
+func (v *View) Waiting() []string { return v.waiting }
+func (v *View) Running() []string { return v.running }
+
+// Owner returns the request holding, or that last held, a KV sequence.
+func (v *View) Owner(seq int64) (string, bool) {
+	id, ok := v.owners[seq]
+	return id, ok
+}
+
+// Recycling returns the recycling sequences, next evicted first.
+func (v *View) Recycling() []int64 { return v.recycling }
+
+// PrefixStats returns the prefix cache's counters.
+func (v *View) PrefixStats() prefix.Stats { return v.stats }
+
+// Node returns a prefix tree node.
+func (v *View) Node(id prefix.NodeID) (prefix.Node, bool) {
+	n, ok := v.nodes[id]
+	return n, ok
+}
+
+// Metadata returns the recent prepare-receive answers, oldest first.
+func (v *View) Metadata() []MetadataEmitted { return v.metadata }
+
+// Hazards returns the recent hazards, oldest first.
+func (v *View) Hazards() []HazardDetected { return v.hazards }
+
+// Totals returns the counters.
+func (v *View) Totals() Totals { return v.totals }
+
+// Last returns the last step's summary.
+func (v *View) Last() StepCompleted { return v.last }
+
+// Head returns the waiting prepare-receive request at the head of the line, if any.
+func (v *View) Head() *RequestView {
+	for _, id := range v.waiting {
+		if r := v.reqs[id]; r != nil && r.State == StateWaiting {
+			return r
+		}
+	}
+	return nil
+}
+
+// Blocked returns why a waiting request is not admitted: its own evaluation when it is at the
+// head of the line, head-of-line behind the head when the head is blocked, and false when it
+// is not waiting or has not been evaluated yet.
+func (v *View) Blocked(r *RequestView) (prepare.Evaluation, bool) {
+	if r.State != StateWaiting {
+		return prepare.Evaluation{}, false
+	}
+	if r.Eval != nil {
+		return *r.Eval, true
+	}
+	head := v.Head()
+	if head == nil || head == r || head.Eval == nil {
+		return prepare.Evaluation{}, false
+	}
+	return prepare.Evaluation{Request: r.ID, Reason: prepare.ReasonHeadOfLine, Behind: head.ID,
+		PromptLength: r.PromptLength, End: r.End}, true
+}
+
+// Snapshot returns the view's state in the engine's Snapshot form.
+func (v *View) Snapshot() Snapshot {
+	s := Snapshot{
+		Config:      v.cfg,
+		Stamp:       v.stamp,
+		Waiting:     slices.Clone(v.waiting),
+		Running:     slices.Clone(v.running),
+		Pages:       v.cache.State(),
+		Prefix:      v.prefixNodes(),
+		PrefixStats: v.stats,
+		Recycling:   slices.Clone(v.recycling),
+		Metadata:    slices.Clone(v.metadata),
+		Hazards:     slices.Clone(v.hazards),
+		Totals:      v.totals,
+		Last:        v.last,
+	}
+	for _, r := range v.order {
+		c := *r
+		c.History = slices.Clone(r.History)
+		c.Hazards = slices.Clone(r.Hazards)
+		c.RunReceived = slices.Clone(r.RunReceived)
+		if r.Eval != nil {
+			ev := *r.Eval
+			c.Eval = &ev
+		}
+		s.Requests = append(s.Requests, c)
+	}
+	for seq, id := range v.owners {
+		s.Owners = append(s.Owners, SeqOwner{Seq: seq, ID: id})
+	}
+	slices.SortFunc(s.Owners, func(a, b SeqOwner) int { return cmp.Compare(a.Seq, b.Seq) })
+	s.normalize()
+	return s
+}
+
+// PrefixNodes returns the prefix tree depth first, root first, children in creation order.
+func (v *View) PrefixNodes() []prefix.Node { return v.prefixNodes() }
+
+func (v *View) prefixNodes() []prefix.Node {
+	children := make(map[prefix.NodeID][]prefix.Node, len(v.nodes))
+	for id, n := range v.nodes {
+		if id != 0 {
+			children[n.Parent] = append(children[n.Parent], n)
+		}
+	}
+	for _, c := range children {
+		slices.SortFunc(c, func(a, b prefix.Node) int { return cmp.Compare(a.Order, b.Order) })
+	}
+	root, ok := v.nodes[0]
+	if !ok {
+		return nil
+	}
+	out := make([]prefix.Node, 0, len(v.nodes))
+	var walk func(n prefix.Node)
+	walk = func(n prefix.Node) {
+		out = append(out, n)
+		for _, c := range children[n.ID] {
+			walk(c)
+		}
+	}
+	walk(root)
+	return out
+}
+
+// Apply applies one event. An error means the event does not fit the view (it missed
+// events): the view is then unreliable and the viewer must start again from a snapshot.
+func (v *View) Apply(ev Event) error {
+	if err := v.apply(ev); err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrDiverged, ev.Kind(), err)
+	}
+	v.stamp = ev.When()
+	v.version++
+	if id, coalesce, ok := markOf(ev); ok {
+		if r := v.reqs[id]; r != nil {
+			r.History = addMark(r.History, Mark{Stamp: ev.When(), Kind: markKind(ev), Text: ev.String()}, coalesce)
+		}
+	}
+	return nil
+}
+
+func (v *View) req(id string) (*RequestView, error) {
+	r := v.reqs[id]
+	if r == nil {
+		return nil, fmt.Errorf("unknown request %s", id)
+	}
+	return r, nil
+}
+
+func (v *View) apply(ev Event) error {
+	switch e := ev.(type) {
+	case RequestArrived:
+		if _, dup := v.reqs[e.ID]; dup {
+			return fmt.Errorf("request %s arrived twice", e.ID)
+		}
+		r := &RequestView{ID: e.ID, State: StateWaiting, PromptLength: e.PromptLength, End: e.End,
+			MaxTokens: e.MaxTokens, Seq: -1, Parent: -1, Arrived: e.Stamp}
+		v.reqs[e.ID] = r
+		v.order = append(v.order, r)
+		v.waiting = append(v.waiting, e.ID)
+		v.totals.Arrived++
+	case PrepareBlocked:
+		r, err := v.req(e.ID)
+		if err != nil {
+			return err
+		}
+		ev := e.Eval
+		r.Eval = &ev
+		v.totals.Blocked[e.Eval.Reason]++
+	case PrefixMatched:
+		r, err := v.req(e.ID)
+		if err != nil {
+			return err
+		}
+		r.Seq, r.Matched, r.Match, r.Parent = e.Seq, e.Matched, e.Match, e.Parent
+		if e.Match == prefix.Reuse {
+			v.recycling = remove(v.recycling, e.Seq)
+			v.owners[e.Seq] = e.ID
+		}
+	case SeqAdded:
+		if err := v.cache.AddSequence(e.Seq); err != nil {
+			return err
+		}
+		v.owners[e.Seq] = e.ID
+	case SeqForked:
+		if err := v.cache.ForkSequence(e.Parent, e.Child, e.Pos); err != nil {
+			return err
+		}
+		v.owners[e.Child] = e.ID
+	case SeqPopped:
+		if err := v.cache.PopN(e.Seq, e.N); err != nil {
+			return err
+		}
+	case PagesReserved:
+		before := v.cache.NumAvailablePages()
+		if _, err := v.cache.ReserveAppend(e.Seq, e.N, nil); err != nil {
+			return err
+		}
+		if got := before - v.cache.NumAvailablePages(); got != len(e.NewPages) {
+			return fmt.Errorf("seq %d took %d pages, the engine says %v", e.Seq, got, e.NewPages)
+		}
+	case PrepareAdmitted:
+		r, err := v.req(e.ID)
+		if err != nil {
+			return err
+		}
+		v.waiting = remove(v.waiting, e.ID)
+		r.Eval = nil
+		r.Seq, r.End, r.Matched, r.Admitted = e.Seq, e.End, e.Matched, e.Stamp
+		r.State = StatePrepared
+		if e.End == e.Matched {
+			r.State = StateKVComplete
+		}
+		v.totals.Admitted++
+	case MetadataEmitted:
+		r, err := v.req(e.ID)
+		if err != nil {
+			return err
+		}
+		if len(e.Runs) == 0 {
+			return fmt.Errorf("metadata of %s has no model", e.ID)
+		}
+		r.Runs, r.Encoded = e.Runs, e.Encoded
+		kp := newKVProgress(e.Runs[0], v.cfg.PageSize)
+		r.Reserved, r.Received, r.RunReceived = kp.reserved, 0, slices.Clone(kp.runRecv)
+		if kp.reserved > 0 {
+			v.kv[e.ID] = &kp
+		}
+		v.metadata = appendBounded(v.metadata, e, v.cfg.KeepMetadata)
+	case KVReceived:
+		r, err := v.req(e.ID)
+		if err != nil {
+			return err
+		}
+		kp := v.kv[e.ID]
+		if kp == nil {
+			return fmt.Errorf("KV for %s, which reserved nothing", e.ID)
+		}
+		n := 0
+		for _, run := range e.Runs {
+			for s := run.Start; s < run.End(); s++ {
+				idx, ok := kp.index(s, v.cfg.PageSize)
+				if !ok {
+					return fmt.Errorf("slot %d is not reserved by %s", s, e.ID)
+				}
+				kp.set(idx)
+				n++
+			}
+		}
+		if kp.received != e.Received || kp.reserved != e.Reserved {
+			return fmt.Errorf("%s has %d/%d received, the engine says %d/%d", e.ID, kp.received, kp.reserved, e.Received, e.Reserved)
+		}
+		r.Received = kp.received
+		copy(r.RunReceived, kp.runRecv)
+		v.totals.KVTokens += uint64(n)
+		if kp.complete() {
+			r.State = StateKVComplete
+		}
+	case RequestStarted:
+		r, err := v.req(e.ID)
+		if err != nil {
+			return err
+		}
+		r.State = StateRunning
+		r.Started = e.Stamp
+		r.MaxTokens = e.MaxTokens
+		if e.Committed {
+			r.Generated = 1
+		} else {
+			r.Pending = e.Tail
+			v.waiting = slices.Insert(v.waiting, 0, e.ID)
+		}
+		v.running = append(v.running, e.ID)
+		v.totals.Started++
+	case Prefilled:
+		r, err := v.req(e.ID)
+		if err != nil {
+			return err
+		}
+		r.Pending = e.Remaining
+		if e.Remaining == 0 {
+			v.waiting = remove(v.waiting, e.ID)
+			r.Generated++
+			v.totals.Generated++
+		}
+	case Decoded:
+		for _, id := range e.IDs {
+			r, err := v.req(id)
+			if err != nil {
+				return err
+			}
+			if _, err := v.cache.ReserveAppend(r.Seq, 1, nil); err != nil {
+				return err
+			}
+			r.Generated++
+		}
+		v.totals.Generated += uint64(len(e.IDs))
+	case RequestFinished:
+		r, err := v.req(e.ID)
+		if err != nil {
+			return err
+		}
+		v.running = remove(v.running, e.ID)
+		v.endRequest(r, StateFinished, e.Reason, e.Stamp)
+		v.totals.Finished++
+	case RequestAborted:
+		r, err := v.req(e.ID)
+		if err != nil {
+			return err
+		}
+		v.waiting = remove(v.waiting, e.ID)
+		v.running = remove(v.running, e.ID)
+		st := StateAborted
+		if e.Reason == AbortPreempt {
+			st = StatePreempted
+			v.totals.Preempted++
+		}
+		v.endRequest(r, st, e.Reason, e.Stamp)
+		r.Leaked = e.Leaked
+		v.totals.Aborted++
+	case SeqRecycled:
+		v.recycling = append(v.recycling, e.Seq)
+		v.totals.Recycled++
+	case SeqEvicted:
+		if err := v.cache.RemoveSequence(e.Seq); err != nil {
+			return err
+		}
+		v.recycling = remove(v.recycling, e.Seq)
+		delete(v.owners, e.Seq)
+		v.totals.Evicted++
+	case SeqRemoved:
+		if err := v.cache.RemoveSequence(e.Seq); err != nil {
+			return err
+		}
+		if id, ok := v.owners[e.Seq]; ok {
+			if r := v.reqs[id]; r != nil && r.Seq == e.Seq {
+				r.Leaked = false
+			}
+		}
+		delete(v.owners, e.Seq)
+	case RequestRetired:
+		r, err := v.req(e.ID)
+		if err != nil {
+			return err
+		}
+		delete(v.reqs, e.ID)
+		delete(v.kv, e.ID)
+		v.order = remove(v.order, r)
+	case PrefixChanged:
+		for _, n := range e.Upserts {
+			v.nodes[n.ID] = n
+		}
+		for _, id := range e.Removed {
+			delete(v.nodes, id)
+		}
+		v.stats = e.Stats
+	case HazardDetected:
+		v.totals.Hazards[e.Hazard.Kind]++
+		if r := v.reqs[e.Hazard.ID]; r != nil && len(r.Hazards) < maxHazards {
+			r.Hazards = append(r.Hazards, e.Hazard.Kind)
+		}
+		v.hazards = appendBounded(v.hazards, e, MaxRecentHazards)
+	case StepCompleted:
+		v.last = e
+		v.totals.Steps++
+		v.totals.Actions[e.Action]++
+	default:
+		return fmt.Errorf("unknown event %T", ev)
+	}
+	return nil
+}
+
+func (v *View) endRequest(r *RequestView, st RequestState, reason string, at Stamp) {
+	r.State = st
+	r.FinishReason = reason
+	r.Ended = at
+	r.Pending = 0
+	r.Eval = nil
+}
