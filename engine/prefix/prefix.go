@@ -277,7 +277,7 @@ func (c *Cache) insert(id int64, q []int32, w Window) Result {
 		var r *entry
 		if x.depth == m {
 			for i := len(x.seqs) - 1; i >= 0; i-- {
-				if e := x.seqs[i]; e.state == Recycling && e.window == w {
+				if e := x.seqs[i].e; e.state == Recycling && e.window == w {
 					r = e
 					break
 				}
@@ -312,9 +312,9 @@ func (c *Cache) ExtendSequence(id int64, tokens []int32) {
 	if !c.radix || len(tokens) == 0 {
 		return
 	}
-	t := make([]int32, len(tokens))
-	copy(t, tokens)
-	c.pending = append(c.pending, extension{id, t})
+	// append, not make and copy: the copy is not zeroed first. Its spare capacity, if the
+	// allocator rounds up, lets the leaf it may become grow in place.
+	c.pending = append(c.pending, extension{id, append([]int32(nil), tokens...)})
 }
 
 // CommitSequenceExtension applies the queued extensions in the order they were queued.
@@ -454,9 +454,7 @@ func (c *Cache) Match(tokens []int32) (m int, candidates []int64) {
 	if m == 0 {
 		return 0, nil
 	}
-	candidates = make([]int64, 0, x.total)
-	walk(x, func(e *entry) { candidates = append(candidates, e.id) })
-	return m, candidates
+	return m, appendIDs(make([]int64, 0, x.total), x)
 }
 
 // Stats returns the counters.

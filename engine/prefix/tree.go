@@ -15,23 +15,32 @@ const (
 // node is a node of the compressed radix tree. Every non-root node has a non-empty span, and
 // holds a sequence or has at least two children; the root holds the sequences of length 0.
 type node struct {
-	id     NodeID
-	order  uint32 // sibling order; see Node.Order
-	parent *node
+	// What a lookup reads comes first.
+
 	// span is the edge into the node. Its spare capacity, if any, belongs to this node alone
 	// (an upper half made by a split is capped with a full slice expression), so a leaf may
 	// grow by append.
 	span     []int32
-	depth    int
-	children []*node         // creation order
 	index    map[int32]*node // children by first token, when there are more than indexAt
-	seqs     []*entry        // arrival order
+	children []*node         // creation order
+	seqs     []slot          // arrival order
 	total    int32           // sequences in the subtree
 	rec      int32           // recycling sequences in the subtree
 	plain    int32           // sequences without a sliding window in the subtree
+	id       NodeID
+	depth    int
+	parent   *node
 	hits     uint64
-	dirtyAt  int32 // index in Cache.dirty, or -1
-	fresh    bool  // created since the last TakeChanges
+	order    uint32 // sibling order; see Node.Order
+	dirtyAt  int32  // index in Cache.dirty, or -1
+	fresh    bool   // created since the last TakeChanges
+}
+
+// slot is a sequence at a node. The id sits beside the pointer so that listing candidates
+// does not touch the entries.
+type slot struct {
+	id int64
+	e  *entry
 }
 
 func (c *Cache) newNode(parent *node, span []int32, depth int) *node {
@@ -211,7 +220,7 @@ func (c *Cache) prune(n *node) {
 // attach puts e at n, the last to arrive there.
 func (c *Cache) attach(e *entry, n *node) {
 	e.node = n
-	n.seqs = append(n.seqs, e)
+	n.seqs = append(n.seqs, slot{e.id, e})
 	c.count(n, 1, e)
 	c.touch(n)
 }
@@ -220,9 +229,9 @@ func (c *Cache) attach(e *entry, n *node) {
 func (c *Cache) detach(e *entry) {
 	n := e.node
 	for i, x := range n.seqs {
-		if x == e {
+		if x.e == e {
 			copy(n.seqs[i:], n.seqs[i+1:])
-			n.seqs[len(n.seqs)-1] = nil
+			n.seqs[len(n.seqs)-1] = slot{}
 			n.seqs = n.seqs[:len(n.seqs)-1]
 			break
 		}
@@ -265,12 +274,11 @@ func (c *Cache) extend(e *entry, t []int32) {
 	for i < len(t) {
 		ch := n.child(t[i])
 		if ch == nil {
-			rest := t[i:]
+			rest := t[i:] // the copy's capacity past its end is free for this node to grow into
 			if 2*len(rest) < len(t) {
 				// Do not keep a mostly matched copy alive for its tail.
 				rest = append([]int32(nil), rest...)
 			}
-			rest = rest[:len(rest):len(rest)]
 			ch = c.newNode(n, rest, n.depth+len(rest))
 			n.addChild(ch)
 			n = ch
@@ -299,15 +307,16 @@ func (c *Cache) rollBack(e *entry, k int) {
 	c.prune(a)
 }
 
-// walk calls f for every sequence in x's subtree in candidate order: depth first, children in
-// creation order, and within a node the most recently arrived first.
-func walk(x *node, f func(*entry)) {
+// appendIDs appends the sequences of x's subtree in candidate order: depth first, children
+// in creation order, and within a node the most recently arrived first.
+func appendIDs(dst []int64, x *node) []int64 {
 	for i := len(x.seqs) - 1; i >= 0; i-- {
-		f(x.seqs[i])
+		dst = append(dst, x.seqs[i].id)
 	}
 	for _, ch := range x.children {
-		walk(ch, f)
+		dst = appendIDs(dst, ch)
 	}
+	return dst
 }
 
 // findReuse returns the sequence InsertSequence takes over when no sliding window is in play:
@@ -322,7 +331,7 @@ func (c *Cache) findReuse(x *node, m int, w Window) *entry {
 			return
 		}
 		for i := len(n.seqs) - 1; i >= 0; i-- {
-			if e := n.seqs[i]; e.state == Recycling && e.window == w {
+			if e := n.seqs[i].e; e.state == Recycling && e.window == w {
 				best = e
 				return // every sequence below is longer
 			}
@@ -340,7 +349,7 @@ func (c *Cache) findReuse(x *node, m int, w Window) *entry {
 func firstPlain(x *node) *entry {
 	for x.plain > 0 {
 		for i := len(x.seqs) - 1; i >= 0; i-- {
-			if e := x.seqs[i]; e.window.Size == -1 {
+			if e := x.seqs[i].e; e.window.Size == -1 {
 				return e
 			}
 		}

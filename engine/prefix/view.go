@@ -15,8 +15,8 @@ func (c *Cache) snapshot(n *node) Node {
 	}
 	if len(n.seqs) > 0 {
 		s.Seqs = make([]SeqRef, len(n.seqs))
-		for i, e := range n.seqs {
-			s.Seqs[i] = SeqRef{e.id, e.state}
+		for i, x := range n.seqs {
+			s.Seqs[i] = SeqRef{x.id, x.e.state}
 		}
 	}
 	return s
@@ -84,11 +84,11 @@ func (c *Cache) Describe() string {
 	var visit func(n *node, indent int)
 	visit = func(n *node, indent int) {
 		fmt.Fprintf(&b, "%s#%d +%d =%d [", strings.Repeat("  ", indent), n.id, len(n.span), n.depth)
-		for i, e := range n.seqs {
+		for i, x := range n.seqs {
 			if i > 0 {
 				b.WriteByte(' ')
 			}
-			fmt.Fprintf(&b, "%d:%s", e.id, e.state)
+			fmt.Fprintf(&b, "%d:%s", x.id, x.e.state)
 		}
 		fmt.Fprintf(&b, "] hits=%d\n", n.hits)
 		for _, ch := range n.children {
@@ -141,8 +141,9 @@ func (c *Cache) Check() error {
 			return fmt.Errorf("prefix: check: node %d: created but not recorded", n.id)
 		}
 		var total, rec, plain int32
-		for _, e := range n.seqs {
-			if e.node != n || c.seqs[e.id] != e {
+		for _, x := range n.seqs {
+			e := x.e
+			if e.node != n || c.seqs[e.id] != e || x.id != e.id {
 				return fmt.Errorf("prefix: check: node %d: sequence %d out of step", n.id, e.id)
 			}
 			seen++

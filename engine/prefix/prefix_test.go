@@ -1,0 +1,723 @@
+package prefix
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// seqOf returns n tokens base, base+1, ….
+func seqOf(base int32, n int) []int32 {
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = base + int32(i)
+	}
+	return out
+}
+
+func cat(parts ...[]int32) []int32 {
+	var out []int32
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// start inserts id with tokens as the engine does at prepare-receive, then queues and
+// commits the extension that makes the adopted sequence hold all of tokens. It returns the
+// result and the adopted id.
+func start(t *testing.T, c *Cache, id int64, tokens []int32, w Window) (Result, int64) {
+	t.Helper()
+	res, err := c.InsertSequence(id, tokens, w)
+	if err != nil {
+		t.Fatalf("InsertSequence(%d, %v) = %v", id, tokens, err)
+	}
+	if res.Kind == Reuse {
+		id = res.Parent
+	}
+	c.ExtendSequence(id, tokens[res.Offset:])
+	c.CommitSequenceExtension()
+	return res, id
+}
+
+func mustRecycle(t *testing.T, c *Cache, ids ...int64) {
+	t.Helper()
+	for _, id := range ids {
+		if err := c.RecycleSequence(id); err != nil {
+			t.Fatalf("RecycleSequence(%d) = %v", id, err)
+		}
+	}
+}
+
+func mustCheck(t *testing.T, c *Cache) {
+	t.Helper()
+	if err := c.Check(); err != nil {
+		t.Fatalf("Check() = %v\n%s", err, c.Describe())
+	}
+}
+
+// brief drops the fields a test does not pin.
+func brief(r Result) string {
+	return fmt.Sprintf("%v offset=%d parent=%d pop=%d matched=%d candidates=%d", r.Kind, r.Offset, r.Parent, r.Pop, r.Matched, r.Candidates)
+}
+
+// TestSpecExample5 is the prefix-cache side of ENGINE.md 9.5: A ran on prompt P (40 tokens)
+// with max_tokens 2, so it holds P and its first generated token (41) and is recycling. B has
+// the same prompt and end = 39: the match sees P[0:38].
+func TestSpecExample5(t *testing.T) {
+	P := seqOf(100, 40)
+	for _, tc := range []struct {
+		name      string
+		generated int // tokens A fed back after P
+		want      string
+		wantA     int   // A's length afterwards
+		wantState State // A's state afterwards
+	}{
+		{"reuse", 1, "reuse offset=38 parent=1 pop=3 matched=38 candidates=1", 38, Active},
+		{"fork", 4, "fork offset=38 parent=1 pop=0 matched=38 candidates=1", 44, Recycling},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := New(Config{MaxRecycling: 4})
+			start(t, c, 1, P[:39], NoWindow)                  // prep_recv, end = 39
+			c.ExtendSequence(1, P[39:])                       // start_generate commits P[39]
+			c.ExtendSequence(1, seqOf(900, tc.generated))     // decode feeds generated tokens
+			mustRecycle(t, c, 1)                              // finished
+			res, err := c.InsertSequence(2, P[:39], NoWindow) // B's prep_recv
+			if err != nil || brief(res) != tc.want {
+				t.Fatalf("InsertSequence(2, P[:39]) = %s, %v, want %s", brief(res), err, tc.want)
+			}
+			if l, st, _ := c.Sequence(1); l != tc.wantA || st != tc.wantState {
+				t.Errorf("Sequence(1) = %d, %v, want %d, %v", l, st, tc.wantA, tc.wantState)
+			}
+			if got, want := c.HasSequence(2), res.Kind == Fork; got != want {
+				t.Errorf("HasSequence(2) = %v, want %v", got, want)
+			}
+			mustCheck(t, c)
+		})
+	}
+}
+
+func TestInsertRules(t *testing.T) {
+	P := seqOf(1, 20) // a shared prefix
+	w4 := Window{Size: 4}
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, c *Cache)
+		id    int64
+		toks  []int32
+		w     Window
+		want  string
+	}{
+		{
+			name: "empty tree: new",
+			id:   1, toks: P, w: NoWindow,
+			want: "new offset=0 parent=-1 pop=0 matched=0 candidates=0",
+		},
+		{
+			name: "one token: nothing to match",
+			setup: func(t *testing.T, c *Cache) {
+				start(t, c, 1, P, NoWindow)
+			},
+			id: 2, toks: P[:1], w: NoWindow,
+			want: "new offset=0 parent=-1 pop=0 matched=0 candidates=0",
+		},
+		{
+			name: "the last token is never matched",
+			setup: func(t *testing.T, c *Cache) {
+				start(t, c, 1, P, NoWindow)
+			},
+			id: 2, toks: P, w: NoWindow,
+			want: "fork offset=19 parent=1 pop=0 matched=19 candidates=1",
+		},
+		{
+			name: "fork from an active sequence",
+			setup: func(t *testing.T, c *Cache) {
+				start(t, c, 1, cat(P, seqOf(500, 10)), NoWindow)
+			},
+			id: 2, toks: cat(P, seqOf(600, 5)), w: NoWindow,
+			want: "fork offset=20 parent=1 pop=0 matched=20 candidates=1",
+		},
+		{
+			name: "reuse the shortest recycling sequence",
+			setup: func(t *testing.T, c *Cache) {
+				start(t, c, 1, cat(P, seqOf(500, 2)), NoWindow) // 22
+				start(t, c, 2, cat(P, seqOf(600, 1)), NoWindow) // 21
+				start(t, c, 3, cat(P, seqOf(700, 3)), NoWindow) // 23
+				mustRecycle(t, c, 1, 2, 3)
+			},
+			id: 4, toks: cat(P, seqOf(800, 1)), w: NoWindow,
+			want: "reuse offset=20 parent=2 pop=1 matched=20 candidates=3",
+		},
+		{
+			name: "ties among the shortest: the first in candidate order",
+			setup: func(t *testing.T, c *Cache) {
+				start(t, c, 1, cat(P, seqOf(500, 1)), NoWindow)
+				start(t, c, 2, cat(P, seqOf(600, 1)), NoWindow)
+				mustRecycle(t, c, 2, 1)
+			},
+			id: 4, toks: cat(P, seqOf(800, 1)), w: NoWindow,
+			want: "reuse offset=20 parent=1 pop=1 matched=20 candidates=2",
+		},
+		{
+			name: "reuse needs m > 0.9 len, strictly: 10*9 > 9*10 fails",
+			setup: func(t *testing.T, c *Cache) {
+				start(t, c, 1, P[:10], NoWindow)
+				mustRecycle(t, c, 1)
+			},
+			id: 2, toks: P[:10], w: NoWindow,
+			want: "fork offset=9 parent=1 pop=0 matched=9 candidates=1",
+		},
+		{
+			name: "reuse when 10*m > 9*len: 10*10 > 9*11",
+			setup: func(t *testing.T, c *Cache) {
+				start(t, c, 1, P[:11], NoWindow)
+				mustRecycle(t, c, 1)
+			},
+			id: 2, toks: P[:11], w: NoWindow,
+			want: "reuse offset=10 parent=1 pop=1 matched=10 candidates=1",
+		},
+		{
+			name: "the shortest fails the test: fork, although a longer one exists",
+			setup: func(t *testing.T, c *Cache) {
+				start(t, c, 1, cat(P, seqOf(500, 10)), NoWindow) // 30 recycling
+				start(t, c, 2, cat(P, seqOf(600, 20)), NoWindow) // 40 recycling
+				start(t, c, 3, cat(P, seqOf(700, 1)), NoWindow)  // 21 active
+				mustRecycle(t, c, 1, 2)
+			},
+			id: 4, toks: cat(P, seqOf(800, 1)), w: NoWindow,
+			want: "fork offset=20 parent=1 pop=0 matched=20 candidates=3",
+		},
+		{
+			name: "an active sequence is never reused",
+			setup: func(t *testing.T, c *Cache) {
+				start(t, c, 1, P, NoWindow)
+			},
+			id: 2, toks: cat(P, seqOf(800, 1)), w: NoWindow,
+			want: "fork offset=20 parent=1 pop=0 matched=20 candidates=1",
+		},
+		{
+			name: "reuse needs the same window: {-1 1} is not NoWindow, but may be forked",
+			setup: func(t *testing.T, c *Cache) {
+				start(t, c, 1, P, Window{Size: -1, Sink: 1})
+				mustRecycle(t, c, 1)
+			},
+			id: 2, toks: cat(P, seqOf(800, 1)), w: NoWindow,
+			want: "fork offset=20 parent=1 pop=0 matched=20 candidates=1",
+		},
+		{
+			name: "the fork skips sequences with a sliding window",
+			setup: func(t *testing.T, c *Cache) {
+				start(t, c, 1, P, NoWindow)
+				start(t, c, 2, P, w4)
+			},
+			id: 3, toks: cat(P, seqOf(800, 1)), w: NoWindow,
+			want: "fork offset=20 parent=1 pop=0 matched=20 candidates=2",
+		},
+		{
+			name: "every candidate has a sliding window: new, offset 0",
+			setup: func(t *testing.T, c *Cache) {
+				start(t, c, 1, P, w4)
+				mustRecycle(t, c, 1)
+			},
+			id: 3, toks: cat(P, seqOf(800, 1)), w: NoWindow,
+			want: "new offset=0 parent=-1 pop=0 matched=20 candidates=1",
+		},
+		{
+			name: "sliding window: reuse of length exactly m",
+			setup: func(t *testing.T, c *Cache) {
+				start(t, c, 1, P, w4)
+				mustRecycle(t, c, 1)
+			},
+			id: 3, toks: cat(P, seqOf(800, 1)), w: w4,
+			want: "reuse offset=20 parent=1 pop=0 matched=20 candidates=1",
+		},
+		{
+			name: "sliding window: no reuse of a longer sequence, no fork",
+			setup: func(t *testing.T, c *Cache) {
+				start(t, c, 1, cat(P, seqOf(500, 1)), w4)
+				mustRecycle(t, c, 1)
+			},
+			id: 3, toks: cat(P, seqOf(800, 1)), w: w4,
+			want: "new offset=0 parent=-1 pop=0 matched=20 candidates=1",
+		},
+		{
+			name: "sliding window: the window must be equal",
+			setup: func(t *testing.T, c *Cache) {
+				start(t, c, 1, P, Window{Size: 4, Sink: 1})
+				mustRecycle(t, c, 1)
+			},
+			id: 3, toks: cat(P, seqOf(800, 1)), w: w4,
+			want: "new offset=0 parent=-1 pop=0 matched=20 candidates=1",
+		},
+		{
+			name: "sliding window: never fork from an active sequence",
+			setup: func(t *testing.T, c *Cache) {
+				start(t, c, 1, P, NoWindow)
+			},
+			id: 3, toks: cat(P, seqOf(800, 1)), w: w4,
+			want: "new offset=0 parent=-1 pop=0 matched=20 candidates=1",
+		},
+		{
+			name: "sliding window: the first recycling one at the match node",
+			setup: func(t *testing.T, c *Cache) {
+				start(t, c, 1, P, w4)
+				start(t, c, 2, P, w4)
+				start(t, c, 3, P, w4)
+				mustRecycle(t, c, 1, 2)
+			},
+			id: 4, toks: cat(P, seqOf(800, 1)), w: w4,
+			want: "reuse offset=20 parent=2 pop=0 matched=20 candidates=3",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := New(Config{MaxRecycling: -1})
+			if tc.setup != nil {
+				tc.setup(t, c)
+			}
+			res, err := c.InsertSequence(tc.id, tc.toks, tc.w)
+			if err != nil || brief(res) != tc.want {
+				t.Fatalf("InsertSequence(%d, %d tokens, %v) = %s, %v, want %s\n%s", tc.id, len(tc.toks), tc.w, brief(res), err, tc.want, c.Describe())
+			}
+			adopted := tc.id
+			if res.Kind == Reuse {
+				adopted = res.Parent
+				if c.HasSequence(tc.id) {
+					t.Errorf("HasSequence(%d) = true after a reuse, want false", tc.id)
+				}
+			}
+			if l, st, ok := c.Sequence(adopted); !ok || l != res.Offset || st != Active {
+				t.Errorf("Sequence(%d) = %d, %v, %v, want %d, active, true", adopted, l, st, ok, res.Offset)
+			}
+			mustCheck(t, c)
+		})
+	}
+}
+
+// TestCandidateOrder pins the order of S: at the node X holding the m-th matched token, the
+// most recent arrival first; then below X, depth first, children in the order their branches
+// were created.
+func TestCandidateOrder(t *testing.T) {
+	c := New(Config{MaxRecycling: -1})
+	start(t, c, 10, []int32{1, 2, 3, 4, 5}, NoWindow) // [1 2 3 4 5]
+	start(t, c, 11, []int32{1, 2, 3}, NoWindow)       // splits it at [1 2 3]
+	start(t, c, 12, []int32{1, 2, 3}, NoWindow)       // arrives at [1 2 3] after 11
+	start(t, c, 13, []int32{1, 2, 3, 7, 8}, NoWindow) // a branch made after 10's
+	start(t, c, 14, []int32{1, 2}, NoWindow)          // splits [1 2 3] at [1 2]
+	start(t, c, 15, []int32{1, 2, 3, 0, 1}, NoWindow) // the newest branch, although 0 < 4 < 7
+	for _, tc := range []struct {
+		q     []int32
+		m     int
+		cands []int64
+	}{
+		{[]int32{1, 2, 3, 6}, 3, []int64{12, 11, 10, 13, 15}},
+		{[]int32{1, 2, 6}, 2, []int64{14, 12, 11, 10, 13, 15}},
+		{[]int32{1, 2, 3, 4, 6}, 4, []int64{10}}, // stops inside c's node
+		{[]int32{1, 6}, 1, []int64{14, 12, 11, 10, 13, 15}},
+		{[]int32{1, 2, 3, 4, 5, 6}, 5, []int64{10}},
+		{[]int32{2}, 0, nil},
+	} {
+		m, cands := c.Match(tc.q)
+		if m != tc.m || !slices.Equal(cands, tc.cands) {
+			t.Errorf("Match(%v) = %d, %v, want %d, %v\n%s", tc.q, m, cands, tc.m, tc.cands, c.Describe())
+		}
+	}
+	// A roll-back is an arrival: c moves up to [1 2 3] and comes first there.
+	if err := c.RollBackSequence(10, 2); err != nil {
+		t.Fatal(err)
+	}
+	if m, cands := c.Match([]int32{1, 2, 3, 6}); m != 3 || !slices.Equal(cands, []int64{10, 12, 11, 13, 15}) {
+		t.Errorf("after RollBackSequence(10, 2): Match([1 2 3 6]) = %d, %v, want 3, [10 12 11 13 15]", m, cands)
+	}
+	// The fork candidate is the first in that order.
+	res, err := c.InsertSequence(20, []int32{1, 2, 3, 6, 6}, NoWindow)
+	if err != nil || res.Kind != Fork || res.Parent != 10 || res.Candidates != 5 {
+		t.Errorf("InsertSequence(20, [1 2 3 6 6]) = %s, %v, want fork from 10 of 5", brief(res), err)
+	}
+	mustCheck(t, c)
+}
+
+func TestRecycleCap(t *testing.T) {
+	for _, tc := range []struct {
+		max       int
+		recycle   []int64
+		recycling []int64
+		evicted   []int64
+	}{
+		{max: 0, recycle: []int64{1, 2, 3}, recycling: []int64{}, evicted: []int64{1, 2, 3}},
+		{max: 1, recycle: []int64{1, 2, 3}, recycling: []int64{3}, evicted: []int64{1, 2}},
+		{max: 2, recycle: []int64{3, 1, 2}, recycling: []int64{1, 2}, evicted: []int64{3}},
+		{max: -1, recycle: []int64{3, 1, 2}, recycling: []int64{3, 1, 2}, evicted: nil},
+	} {
+		var evicted []int64
+		c := New(Config{MaxRecycling: tc.max, OnEvict: func(id int64) { evicted = append(evicted, id) }})
+		for id := int64(1); id <= 3; id++ {
+			start(t, c, id, seqOf(int32(100*id), 10), NoWindow)
+		}
+		mustRecycle(t, c, tc.recycle...)
+		if got := c.Recycling(); !slices.Equal(got, tc.recycling) || c.NumRecycling() != len(tc.recycling) {
+			t.Errorf("MaxRecycling %d: Recycling() = %v, want %v", tc.max, got, tc.recycling)
+		}
+		if !slices.Equal(evicted, tc.evicted) {
+			t.Errorf("MaxRecycling %d: OnEvict calls = %v, want %v", tc.max, evicted, tc.evicted)
+		}
+		for _, id := range tc.evicted {
+			if c.HasSequence(id) {
+				t.Errorf("MaxRecycling %d: HasSequence(%d) = true after eviction, want false", tc.max, id)
+			}
+		}
+		if got := c.Stats().Evictions; got != uint64(len(tc.evicted)) {
+			t.Errorf("MaxRecycling %d: Stats().Evictions = %d, want %d", tc.max, got, len(tc.evicted))
+		}
+		mustCheck(t, c)
+	}
+}
+
+// TestEvictionOrder: TryFreeMemory evicts the least recently recycled sequence; a sequence
+// taken over and recycled again is the most recent.
+func TestEvictionOrder(t *testing.T) {
+	var evicted []int64
+	c := New(Config{MaxRecycling: -1, OnEvict: func(id int64) { evicted = append(evicted, id) }})
+	P := seqOf(1, 30)
+	for id := int64(1); id <= 4; id++ {
+		start(t, c, id, cat(P, seqOf(int32(100*id), 2)), NoWindow)
+	}
+	mustRecycle(t, c, 2, 4, 1, 3)
+	// 2 is the only candidate: it is taken over and recycled again, the most recent.
+	res, adopted := start(t, c, 5, cat(P, seqOf(200, 2), []int32{7}), NoWindow)
+	if res.Kind != Reuse || adopted != 2 {
+		t.Fatalf("InsertSequence(5, P+[200 201 7]) = %s, want reuse of 2", brief(res))
+	}
+	mustRecycle(t, c, 2)
+	if got, want := c.Recycling(), []int64{4, 1, 3, 2}; !slices.Equal(got, want) {
+		t.Fatalf("Recycling() = %v, want %v", got, want)
+	}
+	for range 4 {
+		if !c.TryFreeMemory() {
+			t.Fatalf("TryFreeMemory() = false, want true")
+		}
+	}
+	if c.TryFreeMemory() {
+		t.Errorf("TryFreeMemory() on nothing recycling = true, want false")
+	}
+	if want := []int64{4, 1, 3, 2}; !slices.Equal(evicted, want) {
+		t.Errorf("OnEvict calls = %v, want %v", evicted, want)
+	}
+	if got := len(c.Nodes()); got != 1 {
+		t.Errorf("len(Nodes()) = %d after evicting everything, want 1 (the root)\n%s", got, c.Describe())
+	}
+	mustCheck(t, c)
+}
+
+func TestDisabled(t *testing.T) {
+	evictions := 0
+	c := New(Config{Mode: Disabled, MaxRecycling: -1, OnEvict: func(int64) { evictions++ }})
+	for i := range 2 {
+		res, err := c.InsertSequence(1, seqOf(1, 10), NoWindow)
+		if err != nil || brief(res) != "new offset=0 parent=-1 pop=0 matched=0 candidates=0" {
+			t.Fatalf("call %d: InsertSequence(1, …) = %s, %v, want new", i, brief(res), err)
+		}
+	}
+	c.ExtendSequence(1, seqOf(1, 10))
+	c.CommitSequenceExtension()
+	if c.HasSequence(1) {
+		t.Errorf("HasSequence(1) = true, want false")
+	}
+	for name, err := range map[string]error{
+		"RecycleSequence(1)":     c.RecycleSequence(1),
+		"RollBackSequence(1, 0)": c.RollBackSequence(1, 0),
+		"RemoveSequence(1)":      c.RemoveSequence(1),
+	} {
+		if !errors.Is(err, ErrUnknownSequence) {
+			t.Errorf("%s = %v, want %v", name, err, ErrUnknownSequence)
+		}
+	}
+	if c.TryFreeMemory() {
+		t.Errorf("TryFreeMemory() = true, want false")
+	}
+	if m, cands := c.Match(seqOf(1, 10)); m != 0 || cands != nil {
+		t.Errorf("Match(…) = %d, %v, want 0, nil", m, cands)
+	}
+	if st := c.Stats(); st != (Stats{}) || evictions != 0 {
+		t.Errorf("Stats() = %+v, evictions %d, want zero", st, evictions)
+	}
+	if _, err := c.InsertSequence(1, nil, NoWindow); !errors.Is(err, ErrEmptyTokens) {
+		t.Errorf("InsertSequence(1, nil) = %v, want %v", err, ErrEmptyTokens)
+	}
+}
+
+// TestBadCallsChangeNothing: every bad call returns its error and leaves the cache as it was,
+// pending extensions included.
+func TestBadCallsChangeNothing(t *testing.T) {
+	c := New(Config{MaxRecycling: 2})
+	start(t, c, 1, seqOf(1, 10), NoWindow)
+	start(t, c, 2, seqOf(1, 5), NoWindow)
+	mustRecycle(t, c, 2)
+	c.ExtendSequence(1, []int32{77, 78}) // pending: a bad call must not commit it
+	before, stats := c.Describe(), c.Stats()
+	for _, tc := range []struct {
+		call string
+		err  error
+		want error
+	}{
+		{"InsertSequence(1, …)", second(c.InsertSequence(1, seqOf(1, 3), NoWindow)), ErrSequenceExists},
+		{"InsertSequence(2, …)", second(c.InsertSequence(2, seqOf(1, 3), NoWindow)), ErrSequenceExists},
+		{"InsertSequence(3, nil)", second(c.InsertSequence(3, nil, NoWindow)), ErrEmptyTokens},
+		{"InsertSequence(-1, …)", second(c.InsertSequence(-1, seqOf(1, 3), NoWindow)), ErrBadID},
+		{"InsertSequence(3, …, {0 0})", second(c.InsertSequence(3, seqOf(1, 3), Window{})), ErrBadWindow},
+		{"InsertSequence(3, …, {4 -1})", second(c.InsertSequence(3, seqOf(1, 3), Window{4, -1})), ErrBadWindow},
+		{"RecycleSequence(2)", c.RecycleSequence(2), ErrNotActive},
+		{"RecycleSequence(9)", c.RecycleSequence(9), ErrUnknownSequence},
+		{"RollBackSequence(9, 1)", c.RollBackSequence(9, 1), ErrUnknownSequence},
+		{"RollBackSequence(1, 13)", c.RollBackSequence(1, 13), ErrBadLength}, // 10 + 2 pending
+		{"RollBackSequence(1, -1)", c.RollBackSequence(1, -1), ErrBadLength},
+		{"RemoveSequence(9)", c.RemoveSequence(9), ErrUnknownSequence},
+	} {
+		if !errors.Is(tc.err, tc.want) {
+			t.Errorf("%s = %v, want %v", tc.call, tc.err, tc.want)
+		}
+	}
+	if after := c.Describe(); after != before || c.Stats() != stats {
+		t.Errorf("bad calls changed the cache:\n%s\nwant\n%s", after, before)
+	}
+	if l, _, _ := c.Sequence(1); l != 10 {
+		t.Errorf("Sequence(1) = %d before the commit, want 10", l)
+	}
+	// Rolling back all of it, pending tokens included, is allowed.
+	if err := c.RollBackSequence(1, 12); err != nil {
+		t.Errorf("RollBackSequence(1, 12) = %v, want nil", err)
+	}
+	if l, _, _ := c.Sequence(1); l != 0 {
+		t.Errorf("Sequence(1) = %d after rolling back 12 of 12, want 0", l)
+	}
+	mustCheck(t, c)
+}
+
+func second(_ Result, err error) error { return err }
+
+func TestExtendIsLazy(t *testing.T) {
+	c := New(Config{MaxRecycling: -1})
+	start(t, c, 1, seqOf(1, 4), NoWindow)
+	toks := []int32{50, 51}
+	c.ExtendSequence(1, toks)
+	toks[0] = 99 // the cache copied them
+	c.ExtendSequence(1, nil)
+	c.ExtendSequence(7, []int32{1}) // not held: skipped at the commit
+	if l, _, _ := c.Sequence(1); l != 4 {
+		t.Errorf("Sequence(1) = %d before the commit, want 4", l)
+	}
+	if m, _ := c.Match([]int32{1, 2, 3, 4, 50}); m != 4 {
+		t.Errorf("Match(…50) = %d before the commit, want 4", m)
+	}
+	c.CommitSequenceExtension()
+	if m, _ := c.Match([]int32{1, 2, 3, 4, 50, 51}); m != 6 {
+		t.Errorf("Match(…50 51) = %d after the commit, want 6", m)
+	}
+	// A removed sequence's extension is skipped; RemoveSequence commits first.
+	c.ExtendSequence(1, []int32{52})
+	if err := c.RemoveSequence(1); err != nil {
+		t.Fatal(err)
+	}
+	c.CommitSequenceExtension()
+	if c.HasSequence(1) || c.HasSequence(7) || len(c.Nodes()) != 1 {
+		t.Errorf("after removing 1: HasSequence(1) = %v, HasSequence(7) = %v, %d nodes, want false, false, 1", c.HasSequence(1), c.HasSequence(7), len(c.Nodes()))
+	}
+	// InsertSequence commits first.
+	start(t, c, 2, seqOf(1, 4), NoWindow)
+	c.ExtendSequence(2, []int32{60, 61})
+	res, _ := c.InsertSequence(3, []int32{1, 2, 3, 4, 60, 61, 62}, NoWindow)
+	if res.Kind != Fork || res.Offset != 6 {
+		t.Errorf("InsertSequence(3, …60 61 62) = %s, want fork at 6", brief(res))
+	}
+	mustCheck(t, c)
+}
+
+// TestTreeShape follows the tree through splits, roll-backs and merges.
+func TestTreeShape(t *testing.T) {
+	c := New(Config{MaxRecycling: -1})
+	start(t, c, 1, []int32{1, 2, 3, 4, 5, 6}, NoWindow)
+	start(t, c, 2, []int32{1, 2, 3, 7, 8}, NoWindow)
+	want := "" +
+		"#0 +0 =0 [] hits=2\n" +
+		"  #2 +3 =3 [] hits=1\n" +
+		"    #1 +3 =6 [1:active] hits=0\n" +
+		"    #3 +2 =5 [2:active] hits=0\n"
+	if got := c.Describe(); got != want {
+		t.Fatalf("Describe() =\n%s\nwant\n%s", got, want)
+	}
+	// 1 moves up to [1 2]: #2 splits into #4 [1 2] and #2 [3]; #1 is left empty and goes;
+	// #2 holds nothing and has one child left, so it merges into #3.
+	if err := c.RollBackSequence(1, 4); err != nil {
+		t.Fatal(err)
+	}
+	want = "" +
+		"#0 +0 =0 [] hits=2\n" +
+		"  #4 +2 =2 [1:active] hits=1\n" +
+		"    #3 +3 =5 [2:active] hits=1\n"
+	if got := c.Describe(); got != want {
+		t.Fatalf("after RollBackSequence(1, 4): Describe() =\n%s\nwant\n%s", got, want)
+	}
+	// 1 follows 2's path and stops inside it: #3 splits into #5 [3 7] and #3 [8]; #4 is left
+	// with nothing and one child, so it merges into #5.
+	c.ExtendSequence(1, []int32{3, 7})
+	c.CommitSequenceExtension()
+	want = "" +
+		"#0 +0 =0 [] hits=2\n" +
+		"  #5 +4 =4 [1:active] hits=1\n" +
+		"    #3 +1 =5 [2:active] hits=1\n"
+	if got := c.Describe(); got != want {
+		t.Fatalf("after extending 1 by [3 7]: Describe() =\n%s\nwant\n%s", got, want)
+	}
+	up, rm := c.TakeChanges()
+	if !slices.Equal(nodeIDs(up), []NodeID{0, 3, 5}) || !slices.Equal(rm, nil) {
+		t.Errorf("TakeChanges() = %v, %v, want [0 3 5], [] (1, 2 and 4 came and went)", nodeIDs(up), rm)
+	}
+	if err := c.RemoveSequence(1); err != nil {
+		t.Fatal(err)
+	}
+	up, rm = c.TakeChanges()
+	if !slices.Equal(nodeIDs(up), []NodeID{3}) || !slices.Equal(rm, []NodeID{5}) {
+		t.Errorf("after RemoveSequence(1): TakeChanges() = %v, %v, want [3], [5]", nodeIDs(up), rm)
+	}
+	if got, want := c.Nodes()[1], (Node{ID: 3, Parent: 0, Order: 1, Depth: 5, Span: 5, Seqs: []SeqRef{{2, Active}}, Hits: 1}); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("Nodes()[1] = %+v, want %+v", got, want)
+	}
+	mustCheck(t, c)
+}
+
+func TestResultPathAndHits(t *testing.T) {
+	c := New(Config{MaxRecycling: -1})
+	start(t, c, 1, []int32{1, 2, 3, 4, 5, 6}, NoWindow)
+	res, _ := start(t, c, 2, []int32{1, 2, 3, 9, 9}, NoWindow) // splits #1 at 3: #2
+	if !slices.Equal(res.Path, []NodeID{2}) {
+		t.Errorf("InsertSequence(2, [1 2 3 9 9]).Path = %v, want [2]", res.Path)
+	}
+	res, _ = start(t, c, 3, []int32{1, 2, 3, 4, 5, 7}, NoWindow) // splits #1 at 5: #4
+	if !slices.Equal(res.Path, []NodeID{2, 4}) {
+		t.Errorf("InsertSequence(3, [1 2 3 4 5 7]).Path = %v, want [2 4]", res.Path)
+	}
+	hits := map[NodeID]uint64{}
+	for _, n := range c.Nodes() {
+		hits[n.ID] = n.Hits
+	}
+	if want := map[NodeID]uint64{0: 3, 1: 0, 2: 2, 3: 0, 4: 1, 5: 0}; fmt.Sprint(hits) != fmt.Sprint(want) {
+		t.Errorf("hits = %v, want %v\n%s", hits, want, c.Describe())
+	}
+	st := c.Stats()
+	if want := (Stats{QueryTokens: 17, HitTokens: 8, Inserts: 3, Forks: 2}); st != want {
+		t.Errorf("Stats() = %+v, want %+v", st, want)
+	}
+}
+
+func TestNodeIDsNotReused(t *testing.T) {
+	c := New(Config{MaxRecycling: 0})
+	seen := map[NodeID]bool{}
+	for id := range int64(20) {
+		start(t, c, id, seqOf(int32(id%3), 5), NoWindow)
+		for _, n := range c.Nodes() {
+			seen[n.ID] = true
+		}
+		if id%2 == 1 {
+			mustRecycle(t, c, id, id-1)
+		}
+	}
+	up, rm := c.TakeChanges()
+	for _, n := range up {
+		if n.ID != 0 && seen[n.ID] && slices.Contains(rm, n.ID) {
+			t.Errorf("node %d both upserted and removed", n.ID)
+		}
+	}
+	if int(c.nextID) < len(seen) {
+		t.Errorf("nextID = %d, but %d ids seen", c.nextID, len(seen))
+	}
+}
+
+// TestReuseChoiceMatchesNaiveScan builds large trees with many recycling sequences, so that
+// the pruned walk of findReuse has subtrees to skip, and compares every choice with a naive
+// scan of the candidates in the documented order.
+func TestReuseChoiceMatchesNaiveScan(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	for round := range 20 {
+		c := New(Config{MaxRecycling: -1})
+		prompts := make([][]int32, 4)
+		for i := range prompts {
+			prompts[i] = seqOf(int32(1000*i), 20+rng.IntN(40))
+		}
+		id := int64(0)
+		for range 300 {
+			p := prompts[rng.IntN(len(prompts))]
+			toks := cat(p[:rng.IntN(len(p)+1)], randTokens(rng, 1+rng.IntN(12)))
+			_, adopted := start(t, c, id, toks, NoWindow)
+			id++
+			if rng.IntN(3) > 0 {
+				mustRecycle(t, c, adopted)
+			}
+		}
+		for range 100 {
+			p := prompts[rng.IntN(len(prompts))]
+			toks := cat(p[:rng.IntN(len(p)+1)], randTokens(rng, 1+rng.IntN(4)))
+			m, cands := c.Match(toks[:len(toks)-1])
+			var best int64 = -1
+			bestLen := 0
+			for _, cid := range cands {
+				l, st, _ := c.Sequence(cid)
+				if st == Recycling && (best < 0 || l < bestLen) {
+					best, bestLen = cid, l
+				}
+			}
+			wantKind, wantParent := Fork, int64(-1)
+			if m == 0 {
+				wantKind = Fresh
+			} else if best >= 0 && 10*m > 9*bestLen {
+				wantKind, wantParent = Reuse, best
+			} else {
+				wantParent = cands[0]
+			}
+			res, err := c.InsertSequence(id, toks, NoWindow)
+			if err != nil || res.Kind != wantKind || res.Parent != wantParent || res.Matched != m || res.Candidates != len(cands) {
+				t.Fatalf("round %d: InsertSequence(%d, %v) = %s, %v, want %v from %d (m %d, %d candidates)", round, id, toks, brief(res), err, wantKind, wantParent, m, len(cands))
+			}
+			id++
+		}
+		mustCheck(t, c)
+	}
+}
+
+func randTokens(rng *rand.Rand, n int) []int32 {
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = int32(rng.IntN(5))
+	}
+	return out
+}
+
+func TestLCP(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 2000 {
+		n := rng.IntN(3000)
+		a := randTokens(rng, n)
+		b := slices.Clone(a)
+		cut := rng.IntN(n + 1)
+		if cut < n {
+			b[cut]++
+		}
+		b = b[:rng.IntN(n+1)]
+		if got, want := lcp(a, b), refLCP(a, b); got != want {
+			t.Fatalf("lcp(%d tokens, %d tokens differing at %d) = %d, want %d", len(a), len(b), cut, got, want)
+		}
+	}
+}
+
+func TestStrings(t *testing.T) {
+	for _, tc := range []struct{ got, want string }{
+		{Active.String(), "active"}, {Recycling.String(), "recycling"},
+		{Fresh.String(), "new"}, {Fork.String(), "fork"}, {Reuse.String(), "reuse"},
+		{Radix.String(), "radix"}, {Disabled.String(), "disabled"},
+		{State(9).String(), "State(9)"}, {Kind(9).String(), "Kind(9)"}, {Mode(9).String(), "Mode(9)"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("String() = %q, want %q", tc.got, tc.want)
+		}
+	}
+}
