@@ -18,7 +18,7 @@ type Config struct {
 	PageSize                int `json:"page_size"`                  // kv_cache_page_size
 	MaxNumSequence          int `json:"max_num_sequence"`           // max_num_sequence
 	MaxTotalSequenceLength  int `json:"max_total_sequence_length"`  // sets the page count
-	MaxSingleSequenceLength int `json:"max_single_sequence_length"` // longer prompts are refused
+	MaxSingleSequenceLength int `json:"max_single_sequence_length"` // longer prompts are refused (capped by the total)
 	PrefillChunkSize        int `json:"prefill_chunk_size"`         // prefill budget per step
 	// PrefixCache is "radix" or "disable" (prefix_cache_mode).
 	PrefixCache string `json:"prefix_cache"`

@@ -225,7 +225,7 @@ func (e *Engine) PrepRecv(now time.Time, pr PrepRecv) error {
 	if pr.MaxTokens < 0 {
 		return fmt.Errorf("prep_recv %s: max_tokens %d is negative: %w", pr.ID, pr.MaxTokens, ErrBadRequest)
 	}
-	if err := req.Validate(e.cfg.MaxSingleSequenceLength); err != nil {
+	if err := req.Validate(min(e.cfg.MaxSingleSequenceLength, e.cfg.MaxTotalSequenceLength)); err != nil {
 		return err
 	}
 	end, _ := req.ResolveEnd()

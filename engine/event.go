@@ -468,7 +468,33 @@ func (e SeqForked) String() string {
 func (e SeqPopped) String() string { return fmt.Sprintf("seq %d popped %d", e.Seq, e.N) }
 
 func (e PagesReserved) String() string {
-	return fmt.Sprintf("seq %d reserved %d slots for %s, new pages %v", e.Seq, e.N, e.ID, e.NewPages)
+	return fmt.Sprintf("seq %d reserved %d slots for %s, new pages [%s]", e.Seq, e.N, e.ID, PageList(e.NewPages))
+}
+
+// PageList writes page ids compactly: ascending runs as "a-b", the rest one by one.
+func PageList(pgs []int32) string {
+	var b strings.Builder
+	for i := 0; i < len(pgs); {
+		j := i + 1
+		for j < len(pgs) && pgs[j] == pgs[j-1]+1 {
+			j++
+		}
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		if j-i > 2 {
+			fmt.Fprintf(&b, "%d-%d", pgs[i], pgs[j-1])
+		} else {
+			for k := i; k < j; k++ {
+				if k > i {
+					b.WriteByte(' ')
+				}
+				fmt.Fprint(&b, pgs[k])
+			}
+		}
+		i = j
+	}
+	return b.String()
 }
 
 func (e SeqRemoved) String() string {

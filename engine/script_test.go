@@ -28,9 +28,9 @@ import (
 //	    The prompt's first `shared` tokens (all by default) are those of stem S (the id by
 //	    default); the rest are the request's own.
 //	step [n=1] [every=100ms]
-//	receive id=A [from=0] [n=all]    write KV for reserved tokens [from, from+n)
+//	receive id=A[,B…] [from=0] [n=all]    write KV for reserved tokens [from, from+n)
 //	write slots=1,2,3                write KV to raw slots
-//	start id=A [begin=END]
+//	start id=A[,B…] [begin=END]
 //	abort id=A
 //	tick 30s
 //	requests | pages | prefix | blocked
@@ -166,18 +166,21 @@ func (h *scriptHarness) run(d *datadriven.TestData) string {
 		}
 		return b.String()
 	case "receive":
-		id := h.arg(d, "id", "")
-		r := h.e.reqs[id]
-		if r == nil {
-			return h.call(fmt.Errorf("no request %s", id))
+		var b strings.Builder
+		for _, id := range strings.Split(h.arg(d, "id", ""), ",") {
+			r := h.e.reqs[id]
+			if r == nil || len(r.runs) == 0 {
+				d.Fatalf(h.t, "receive: %s has reserved nothing", id)
+			}
+			from := h.intArg(d, "from", 0)
+			n := h.intArg(d, "n", r.kv.reserved-from)
+			all := pages.Expand(nil, r.runs[0])
+			if from < 0 || from+n > len(all) {
+				d.Fatalf(h.t, "receive %s [%d, %d) of %d reserved", id, from, from+n, len(all))
+			}
+			b.WriteString(h.write(all[from : from+n]))
 		}
-		from := h.intArg(d, "from", 0)
-		n := h.intArg(d, "n", r.kv.reserved-from)
-		all := pages.Expand(nil, r.runs[0])
-		if from < 0 || from+n > len(all) {
-			d.Fatalf(h.t, "receive %s [%d, %d) of %d reserved", id, from, from+n, len(all))
-		}
-		return h.write(all[from : from+n])
+		return b.String()
 	case "write":
 		var slots []int64
 		for _, f := range strings.Split(h.arg(d, "slots", ""), ",") {
@@ -189,12 +192,15 @@ func (h *scriptHarness) run(d *datadriven.TestData) string {
 		}
 		return h.write(slots)
 	case "start":
-		id := h.arg(d, "id", "")
-		begin := 0
-		if r := h.e.reqs[id]; r != nil {
-			begin = r.end
+		var b strings.Builder
+		for _, id := range strings.Split(h.arg(d, "id", ""), ",") {
+			begin := 0
+			if r := h.e.reqs[id]; r != nil {
+				begin = r.end
+			}
+			b.WriteString(h.call(h.e.StartGenerate(h.now, id, h.intArg(d, "begin", begin))))
 		}
-		return h.call(h.e.StartGenerate(h.now, id, h.intArg(d, "begin", begin)))
+		return b.String()
 	case "abort":
 		return h.call(h.e.Abort(h.now, h.arg(d, "id", "")))
 	case "tick":

@@ -22,8 +22,8 @@ func Compress(dst []int64, slots []int64) []int64 {
 
 // Run is a maximal run of consecutive slots.
 type Run struct {
-	Start int64
-	Len   int64
+	Start int64 `json:"start"`
+	Len   int64 `json:"len"`
 }
 
 // End returns the slot after the run.

@@ -180,6 +180,7 @@ func (a *Action) evaluation(running int, req Request) Evaluation {
 		End:                    end,
 		Running:                running,
 		FreePages:              c.NumAvailablePages(),
+		TotalPages:             c.NumPages(),
 		Required:               (max(end, 0) + a.cfg.PageSize - 1) / a.cfg.PageSize,
 		Watermark:              a.cfg.Watermark,
 		MaxNumSequence:         a.cfg.MaxNumSequence,

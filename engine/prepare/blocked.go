@@ -29,6 +29,10 @@ const (
 	numReasons
 )
 
+// NumReasons is the number of reasons, ReasonNone included: counters can be arrays indexed
+// by Reason.
+const NumReasons = int(numReasons)
+
 var reasonNames = [numReasons]string{"none", "decode-guard", "head-of-line", "window", "batch", "watermark", "prefill-pages", "prefill-tokens"}
 
 // String returns the reason's stable name, as used in events and metrics labels.
@@ -67,10 +71,11 @@ type Evaluation struct {
 	PromptLength int    `json:"prompt_length"`
 	End          int    `json:"end"` // resolved kv_window_end
 
-	Running   int `json:"running"`    // running requests (decode guard, batch)
-	FreePages int `json:"free_pages"` // free pages when the test ran (after eviction)
-	Required  int `json:"required"`   // ceil(end / page_size)
-	Watermark int `json:"watermark"`
+	Running    int `json:"running"`     // running requests (decode guard, batch)
+	FreePages  int `json:"free_pages"`  // free pages when the test ran (after eviction)
+	TotalPages int `json:"total_pages"` // the cache's size
+	Required   int `json:"required"`    // ceil(end / page_size)
+	Watermark  int `json:"watermark"`
 
 	MaxNumSequence   int `json:"max_num_sequence"`
 	PrefillChunkSize int `json:"prefill_chunk_size"`
@@ -194,6 +199,10 @@ func (ev Evaluation) String() string {
 		fmt.Fprintf(&b, " > min(max_num_sequence %d, prefill_chunk %d)", ev.MaxNumSequence, ev.PrefillChunkSize)
 	case ReasonWatermark:
 		fmt.Fprintf(&b, "watermark: needs %d + %d pages, %d free", ev.Required, ev.Watermark, ev.FreePages)
+		if ev.TotalPages > 0 && ev.Required+ev.Watermark > ev.TotalPages {
+			fmt.Fprintf(&b, "; the whole cache has %d pages, so this request can never be admitted (raise max_total_sequence_length or lower the watermark)", ev.TotalPages)
+			return b.String()
+		}
 	case ReasonPrefillPages:
 		fmt.Fprintf(&b, "prefill space: needs %d + %d pages, %d free", ev.Required, batch, ev.FreePages)
 	case ReasonPrefillTokens:
