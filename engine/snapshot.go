@@ -648,3 +648,12 @@ func (v *View) endRequest(r *RequestView, st RequestState, reason string, at Sta
 	r.Pending = 0
 	r.Eval = nil
 }
+
+// Request returns one request's view, as a snapshot would show it.
+func (e *Engine) Request(id string) (RequestView, bool) {
+	r := e.reqs[id]
+	if r == nil {
+		return RequestView{}, false
+	}
+	return r.view(), true
+}

@@ -1,0 +1,397 @@
+// Package runner is the thin goroutine wrapper around an engine.Engine: it owns the engine,
+// paces its steps in real time, takes the calls of a router and a prefill instance through a
+// bounded queue, and hands every step's events to subscribers without ever waiting for them.
+//
+// # Usage
+//
+//	r := runner.New(e, runner.Config{StepsPerSec: 50, Clock: time.Now})
+//	go r.Run(ctx)
+//	sub := r.Subscribe()         // a mailbox: first update is a snapshot
+//	ans, err := r.PrepRecv(ctx, engine.PrepRecv{...}) // waits until admitted
+//
+// # Concurrency
+//
+// Every method is safe for concurrent use. The engine is touched only by the goroutine in
+// Run. A subscription never blocks the runner: a subscriber that falls more than Backlog
+// events behind loses them, is told how many, and gets a fresh snapshot instead.
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvtop/kvtop/engine"
+)
+
+// Errors of the runner's calls.
+var (
+	ErrStopped = errors.New("runner: stopped")
+	ErrAborted = errors.New("runner: request aborted")
+)
+
+// Config configures a Runner.
+type Config struct {
+	// StepsPerSec paces the steps; 0 runs them as fast as possible.
+	StepsPerSec float64
+	// Clock is the wall clock; the engine gets its time from it. Required.
+	Clock func() time.Time
+	// QueueSize bounds the calls waiting for the engine (default 1024).
+	QueueSize int
+	// Backlog is how many events a subscriber may have pending before it loses them
+	// (default 65536).
+	Backlog int
+	// StartPaused starts with the engine paused.
+	StartPaused bool
+	// IdleTick is how often an idle engine still steps, so time-based hazards fire
+	// (default 250ms).
+	IdleTick time.Duration
+}
+
+// Runner owns an engine on one goroutine.
+type Runner struct {
+	e   *engine.Engine
+	cfg Config
+
+	calls    chan func()
+	controls chan engine.Control
+	done     chan struct{}
+
+	mu     sync.Mutex
+	subs   map[*Subscription]struct{}
+	status engine.Status
+
+	// Owned by the Run goroutine.
+	stepBudget int
+	prepWait   map[string]chan prepResult
+	tokenWait  map[string]chan engine.Token
+	rateSteps  int
+	rateStart  time.Time
+}
+
+// New returns a runner for e. Call Run to start it.
+func New(e *engine.Engine, cfg Config) *Runner {
+	if cfg.QueueSize <= 0 {
+		cfg.QueueSize = 1024
+	}
+	if cfg.Backlog <= 0 {
+		cfg.Backlog = 65536
+	}
+	if cfg.IdleTick <= 0 {
+		cfg.IdleTick = 250 * time.Millisecond
+	}
+	if cfg.Clock == nil {
+		panic("runner: Config.Clock is required")
+	}
+	return &Runner{
+		e:         e,
+		cfg:       cfg,
+		calls:     make(chan func(), cfg.QueueSize),
+		controls:  make(chan engine.Control, 64),
+		done:      make(chan struct{}),
+		subs:      make(map[*Subscription]struct{}),
+		status:    engine.Status{Paused: cfg.StartPaused, Target: cfg.StepsPerSec, Controllable: true},
+		prepWait:  make(map[string]chan prepResult),
+		tokenWait: make(map[string]chan engine.Token),
+	}
+}
+
+// Run runs the engine until ctx is done. It returns ctx's error.
+//
+// Steps come at StepsPerSec (or back to back), calls are served between them, and an idle
+// engine (a step that did nothing) waits for a call or the idle tick instead of spinning.
+// While paused, only calls, controls and requested single steps run.
+func (r *Runner) Run(ctx context.Context) error {
+	defer close(r.done)
+	r.rateStart = r.cfg.Clock()
+	var interval time.Duration
+	if r.cfg.StepsPerSec > 0 {
+		interval = time.Duration(float64(time.Second) / r.cfg.StepsPerSec)
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	last := r.cfg.Clock() // time of the last step
+	idle := false
+	call := func(fn func()) {
+		fn()
+		r.publish(r.e.TakeEvents(), r.e.TakeTokens())
+		idle = false
+	}
+	for {
+		// Wait for input until the next step is due; while paused (and no step was asked
+		// for), wait for input only.
+		inputOnly := r.paused() && r.stepBudget == 0
+		var wait time.Duration
+		if !inputOnly && r.stepBudget == 0 {
+			if idle {
+				wait = r.cfg.IdleTick - r.cfg.Clock().Sub(last)
+			} else {
+				wait = interval - r.cfg.Clock().Sub(last)
+			}
+		}
+		if inputOnly || wait > 0 {
+			var tick <-chan time.Time
+			if !inputOnly {
+				timer.Reset(wait)
+				tick = timer.C
+			}
+			select {
+			case <-ctx.Done():
+				r.shutdown()
+				return ctx.Err()
+			case fn := <-r.calls:
+				call(fn)
+			case c := <-r.controls:
+				r.control(c)
+			case <-tick:
+			}
+			timer.Stop()
+			continue
+		}
+		// Time to step: first serve what is queued, so calls never starve.
+		for range len(r.calls) {
+			call(<-r.calls)
+		}
+		for len(r.controls) > 0 {
+			r.control(<-r.controls)
+		}
+		if ctx.Err() != nil {
+			r.shutdown()
+			return ctx.Err()
+		}
+		if r.paused() && r.stepBudget == 0 {
+			continue
+		}
+		if r.stepBudget > 0 {
+			r.stepBudget--
+		}
+		last = r.cfg.Clock()
+		rd := r.e.Step(last)
+		r.publish(rd.Events, rd.Tokens)
+		r.measure()
+		idle = rd.Action == engine.ActionIdle && r.stepBudget == 0
+	}
+}
+
+func (r *Runner) paused() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status.Paused
+}
+
+func (r *Runner) measure() {
+	r.rateSteps++
+	now := r.cfg.Clock()
+	if d := now.Sub(r.rateStart); d >= time.Second {
+		rate := float64(r.rateSteps) / d.Seconds()
+		r.rateSteps = 0
+		r.rateStart = now
+		r.setStatus(func(s *engine.Status) { s.Rate = rate })
+	}
+}
+
+func (r *Runner) setStatus(f func(*engine.Status)) {
+	r.mu.Lock()
+	old := r.status
+	f(&r.status)
+	st := r.status
+	subs := make([]*Subscription, 0, len(r.subs))
+	for s := range r.subs {
+		subs = append(subs, s)
+	}
+	r.mu.Unlock()
+	if st != old {
+		for _, s := range subs {
+			s.offer(nil, &st)
+		}
+	}
+}
+
+func (r *Runner) control(c engine.Control) {
+	switch c.Op {
+	case engine.ControlPause:
+		r.setStatus(func(s *engine.Status) { s.Paused = true })
+	case engine.ControlResume:
+		r.stepBudget = 0
+		r.setStatus(func(s *engine.Status) { s.Paused = false })
+	case engine.ControlStep:
+		r.stepBudget += c.N
+	}
+}
+
+// Control pauses, resumes or steps the engine. It does not wait for the effect.
+func (r *Runner) Control(c engine.Control) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	if c.Op == engine.ControlSnapshot {
+		return fmt.Errorf("runner: ask a subscription for a snapshot, not the runner")
+	}
+	select {
+	case r.controls <- c:
+		return nil
+	case <-r.done:
+		return ErrStopped
+	}
+}
+
+// Status returns the runner's status.
+func (r *Runner) Status() engine.Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status
+}
+
+// Do runs fn on the engine's goroutine between steps and returns its error. It waits for a
+// place in the bounded queue (or ctx) and then for fn to run.
+func (r *Runner) Do(ctx context.Context, fn func(e *engine.Engine, now time.Time) error) error {
+	errc := make(chan error, 1)
+	call := func() { errc <- fn(r.e, r.cfg.Clock()) }
+	select {
+	case r.calls <- call:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-r.done:
+		return ErrStopped
+	}
+	select {
+	case err := <-errc:
+		return err
+	case <-r.done:
+		return ErrStopped
+	}
+}
+
+// Answer is a prepare-receive answer.
+type Answer struct {
+	PromptLength        int       `json:"prompt_length"`
+	PrefixMatchedLength int       `json:"prefix_matched_length"`
+	KVAppendMetadata    string    `json:"kv_append_metadata"`
+	Seq                 int64     `json:"-"`
+	Runs                [][]int64 `json:"-"`
+}
+
+type prepResult struct {
+	ans Answer
+	err error
+}
+
+// PrepRecv queues a prepare-receive request and waits until the engine admits it. If ctx ends
+// first (the client went away), the request is aborted as MLC aborts it: a waiting one leaves
+// the queue, a prepared one leaks its KV (flagged).
+func (r *Runner) PrepRecv(ctx context.Context, pr engine.PrepRecv) (Answer, error) {
+	ch := make(chan prepResult, 1)
+	err := r.Do(ctx, func(e *engine.Engine, now time.Time) error {
+		if err := e.PrepRecv(now, pr); err != nil {
+			return err
+		}
+		r.prepWait[pr.ID] = ch
+		return nil
+	})
+	if err != nil {
+		return Answer{}, err
+	}
+	select {
+	case res := <-ch:
+		return res.ans, res.err
+	case <-ctx.Done():
+		// The client went away: abort as MLC does. If the answer came meanwhile, the
+		// request is prepared and its KV leaks.
+		_ = r.Do(context.Background(), func(e *engine.Engine, now time.Time) error {
+			delete(r.prepWait, pr.ID)
+			return e.Abort(now, pr.ID)
+		})
+		return Answer{}, ctx.Err()
+	case <-r.done:
+		return Answer{}, ErrStopped
+	}
+}
+
+// StartGenerate starts a prepared request and returns the channel its streamed tokens come
+// on; the last one is Final. The channel is buffered for every token the request can make,
+// so the runner never waits for the reader.
+func (r *Runner) StartGenerate(ctx context.Context, id string, begin int) (<-chan engine.Token, error) {
+	var ch chan engine.Token
+	err := r.Do(ctx, func(e *engine.Engine, now time.Time) error {
+		rv, ok := e.Request(id)
+		if !ok {
+			return fmt.Errorf("start_generate %s: %w", id, engine.ErrUnknownRequest)
+		}
+		if err := e.StartGenerate(now, id, begin); err != nil {
+			return err
+		}
+		ch = make(chan engine.Token, rv.MaxTokens+2)
+		r.tokenWait[id] = ch
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ch, nil
+}
+
+// publish hands events to subscribers and answers waiting calls. It runs on the Run
+// goroutine, between engine calls, so the snapshots it takes match the events exactly.
+func (r *Runner) publish(evs []engine.Event, toks []engine.Token) {
+	for _, ev := range evs {
+		switch e := ev.(type) {
+		case engine.MetadataEmitted:
+			if ch, ok := r.prepWait[e.ID]; ok {
+				delete(r.prepWait, e.ID)
+				ans := Answer{PromptLength: e.PromptLength, PrefixMatchedLength: e.Matched, KVAppendMetadata: e.Encoded, Seq: e.Seq}
+				ch <- prepResult{ans: ans}
+			}
+		case engine.RequestAborted:
+			if ch, ok := r.prepWait[e.ID]; ok {
+				delete(r.prepWait, e.ID)
+				ch <- prepResult{err: fmt.Errorf("prep_recv %s: %w (%s)", e.ID, ErrAborted, e.Reason)}
+			}
+		}
+	}
+	for _, t := range toks {
+		if ch, ok := r.tokenWait[t.ID]; ok {
+			select {
+			case ch <- t:
+			default:
+				// Cannot happen: the buffer holds every token the request can make.
+			}
+			if t.Final {
+				delete(r.tokenWait, t.ID)
+				close(ch)
+			}
+		}
+	}
+	if len(evs) == 0 {
+		return
+	}
+	r.mu.Lock()
+	subs := make([]*Subscription, 0, len(r.subs))
+	for s := range r.subs {
+		subs = append(subs, s)
+	}
+	r.mu.Unlock()
+	for _, s := range subs {
+		s.offer(evs, nil)
+	}
+}
+
+func (r *Runner) shutdown() {
+	for id, ch := range r.prepWait {
+		ch <- prepResult{err: fmt.Errorf("prep_recv %s: %w", id, ErrStopped)}
+	}
+	for _, ch := range r.tokenWait {
+		close(ch)
+	}
+	r.mu.Lock()
+	subs := r.subs
+	r.subs = map[*Subscription]struct{}{}
+	r.mu.Unlock()
+	for s := range subs {
+		s.close()
+	}
+}
+
+// Done is closed when Run has returned.
+func (r *Runner) Done() <-chan struct{} { return r.done }

@@ -1,0 +1,62 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Update is what a viewer receives: when Snapshot is set, its state starts over from it;
+// then Events apply in order. Dropped counts the events this viewer has lost so far because
+// it fell behind (each loss is followed by a snapshot).
+type Update struct {
+	Snapshot *Snapshot
+	Events   []Event
+	Status   *Status // set when the runner's status changed
+	Dropped  uint64
+}
+
+// Status is the state of whatever runs the engine: the runner in-process, or the server a
+// dashboard is attached to.
+type Status struct {
+	Paused bool `json:"paused"`
+	// Rate is the measured steps per second; Target the configured one (0: as fast as
+	// possible).
+	Rate   float64 `json:"rate"`
+	Target float64 `json:"target"`
+	// Controllable says whether this viewer may pause, resume and step the engine.
+	Controllable bool `json:"controllable"`
+}
+
+// ControlOp is something a viewer asks of the engine's runner.
+type ControlOp string
+
+// The controls.
+const (
+	ControlPause    ControlOp = "pause"
+	ControlResume   ControlOp = "resume"
+	ControlStep     ControlOp = "step"     // run N steps, paused or not
+	ControlSnapshot ControlOp = "snapshot" // resync: send a fresh snapshot
+)
+
+// Control is a viewer's request.
+type Control struct {
+	Op ControlOp `json:"op"`
+	N  int       `json:"n,omitempty"`
+}
+
+// ErrReadOnly is returned for a control that this viewer may not use.
+var ErrReadOnly = errors.New("engine: read-only: this viewer may not control the engine")
+
+// Validate checks a control's fields.
+func (c Control) Validate() error {
+	switch c.Op {
+	case ControlPause, ControlResume, ControlSnapshot:
+		return nil
+	case ControlStep:
+		if c.N < 1 || c.N > 1_000_000 {
+			return fmt.Errorf("engine: step %d: n must be in [1, 1000000]", c.N)
+		}
+		return nil
+	}
+	return fmt.Errorf("engine: unknown control %q", c.Op)
+}
