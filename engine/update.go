@@ -60,3 +60,27 @@ func (c Control) Validate() error {
 	}
 	return fmt.Errorf("engine: unknown control %q", c.Op)
 }
+
+// Link says where a viewer's updates come from and how that connection stands. The
+// in-process subscription is always up; an attached client reports its connection.
+type Link struct {
+	Name  string    `json:"name"` // "embedded", "host:port", "replay FILE"
+	State LinkState `json:"state"`
+	// Err is the last connection error, while connecting or reconnecting.
+	Err string `json:"err,omitempty"`
+	// Attempts counts reconnection attempts since the link was last up.
+	Attempts int `json:"attempts,omitempty"`
+	// LagMs is how far behind the engine the viewer is, in milliseconds, when known.
+	LagMs int64 `json:"lag_ms,omitempty"`
+}
+
+// LinkState is the state of a viewer's connection.
+type LinkState string
+
+// The link states.
+const (
+	LinkUp           LinkState = "connected"
+	LinkConnecting   LinkState = "connecting"
+	LinkReconnecting LinkState = "reconnecting"
+	LinkClosed       LinkState = "closed"
+)
