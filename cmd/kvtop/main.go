@@ -1,12 +1,55 @@
-// Command kvtop is a terminal dashboard for a disaggregated-serving decode instance.
+// Command kvtop is a terminal dashboard for the decode instance of disaggregated LLM serving:
+// what its prepare-receive action admits, where the prefill instance's KV lands, and why a
+// request is stuck.
+//
+//	kvtop                          the demo: an embedded engine under a built-in workload
+//	kvtop --attach host:port       the dashboard on a running `kvtop serve`
+//	kvtop serve [flags]            the engine as a decode instance over HTTP
+//	kvtop replay FILE              play a recording back in the dashboard
 package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 )
 
+// version is set at build time with -ldflags "-X main.version=…".
+var version = "0.1.0-dev"
+
 func main() {
-	fmt.Fprintln(os.Stderr, "kvtop: not built yet")
-	os.Exit(1)
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
+
+// run dispatches to a command and returns the process's exit status: 0, 1 for a failure,
+// 2 for bad usage.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "serve":
+			return runServe(args[1:], stdout, stderr)
+		case "replay":
+			return runReplay(args[1:], stdout, stderr)
+		case "help", "-h", "-help", "--help":
+			fmt.Fprint(stdout, usage)
+			return 0
+		case "version", "-version", "--version":
+			fmt.Fprintf(stdout, "kvtop %s\n", version)
+			return 0
+		}
+	}
+	return runDashboard(args, stdout, stderr)
+}
+
+const usage = `kvtop: a terminal dashboard for a disaggregated-serving decode instance
+
+Usage:
+  kvtop [flags]                  the demo: an embedded engine under a built-in workload
+  kvtop --attach HOST:PORT       the dashboard on a running 'kvtop serve' (or a ws:// URL)
+  kvtop serve [flags]            run the engine headless as a decode instance over HTTP
+  kvtop replay FILE              play a recording (--record) back in the dashboard
+  kvtop help                     this text
+  kvtop --version                the version
+
+Run 'kvtop --help', 'kvtop serve --help' or 'kvtop replay --help' for each command's flags.
+`
