@@ -68,4 +68,3 @@ func engineFlags(fs *flag.FlagSet) func() (engine.Config, float64, error) {
 		return c, *rate, nil
 	}
 }
-
