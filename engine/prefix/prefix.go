@@ -56,6 +56,20 @@ func (s State) String() string {
 	return fmt.Sprintf("State(%d)", uint8(s))
 }
 
+// MarshalText writes the state's name.
+func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText reads a state's name.
+func (s *State) UnmarshalText(b []byte) error {
+	for _, c := range []State{Active, Recycling} {
+		if c.String() == string(b) {
+			*s = c
+			return nil
+		}
+	}
+	return fmt.Errorf("prefix: unknown state %q", b)
+}
+
 // Kind says how InsertSequence told the caller to start its KV sequence.
 type Kind uint8
 
@@ -79,6 +93,20 @@ func (k Kind) String() string {
 		return "reuse"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// MarshalText writes the kind's name.
+func (k Kind) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
+
+// UnmarshalText reads a kind's name.
+func (k *Kind) UnmarshalText(b []byte) error {
+	for _, c := range []Kind{Fresh, Fork, Reuse} {
+		if c.String() == string(b) {
+			*k = c
+			return nil
+		}
+	}
+	return fmt.Errorf("prefix: unknown match kind %q", b)
 }
 
 // NodeID names a tree node. The root is 0; ids are never reused during a Cache's life.
@@ -132,34 +160,35 @@ type Result struct {
 
 // Stats are counters over the Cache's life. They do not move in Disabled mode.
 type Stats struct {
-	QueryTokens uint64 // sum of len(tokens) over InsertSequence calls
-	HitTokens   uint64 // sum of Result.Offset over InsertSequence calls
-	Inserts     uint64 // InsertSequence calls that succeeded (Fresh, Fork and Reuse alike)
-	Forks       uint64 // of which Fork
-	Reuses      uint64 // of which Reuse
-	Evictions   uint64 // sequences handed to OnEvict
+	QueryTokens uint64 `json:"query_tokens"` // sum of len(tokens) over InsertSequence calls
+	HitTokens   uint64 `json:"hit_tokens"`   // sum of Result.Offset over InsertSequence calls
+	Inserts     uint64 `json:"inserts"`      // InsertSequence calls that succeeded (Fresh, Fork and Reuse alike)
+	Forks       uint64 `json:"forks"`        // of which Fork
+	Reuses      uint64 `json:"reuses"`       // of which Reuse
+	Evictions   uint64 `json:"evictions"`    // sequences handed to OnEvict
 }
 
 // Node is a read-only snapshot of one tree node.
 type Node struct {
-	ID, Parent NodeID // root: ID 0, Parent 0
+	ID     NodeID `json:"id"`
+	Parent NodeID `json:"parent"` // root: ID 0, Parent 0
 	// Order sorts siblings: children of a node, by ascending Order, are in the order their
 	// branches were created (a node made by a split or a merge takes the place, and the
 	// Order, of the node it replaces).
-	Order uint32
-	Depth int      // tokens from the root to the end of this node
-	Span  int      // tokens on the edge into this node
-	Seqs  []SeqRef // sequences whose tokens end exactly here, in the order they arrived here
+	Order uint32   `json:"order"`
+	Depth int      `json:"depth"` // tokens from the root to the end of this node
+	Span  int      `json:"span"`  // tokens on the edge into this node
+	Seqs  []SeqRef `json:"seqs"`  // sequences whose tokens end exactly here, in the order they arrived here
 	// Hits counts InsertSequence matches whose path passed through or stopped in this node
 	// (the root counts every InsertSequence). A node made by a split starts with the count of
 	// the node it was split from; a merge keeps the upper node's count.
-	Hits uint64
+	Hits uint64 `json:"hits"`
 }
 
 // SeqRef names a sequence held by a node.
 type SeqRef struct {
-	ID    int64
-	State State
+	ID    int64 `json:"id"`
+	State State `json:"state"`
 }
 
 // Cache is the prefix cache. The zero value is not usable; call New.
