@@ -161,7 +161,7 @@ func (s *Snapshot) normalize() {
 	}
 }
 
-func nilIfEmpty[T any](s *[]T) {
+func nilIfEmpty[S ~[]T, T any](s *S) {
 	if len(*s) == 0 {
 		*s = nil
 	}

@@ -1,6 +1,7 @@
 package pages
 
 import (
+	"encoding/json"
 	"errors"
 	"slices"
 	"testing"
@@ -415,5 +416,33 @@ func TestPagesFreedByRemoving(t *testing.T) {
 	must(t, c.RemoveSequence(0))
 	if got := c.NumAvailablePages() - free; got != 5 {
 		t.Errorf("removing 1 and 0 freed %d pages, want 5", got)
+	}
+}
+
+func TestListJSON(t *testing.T) {
+	for _, tc := range []struct {
+		in   List
+		want string
+	}{
+		{List{}, `[]`},
+		{List{5}, `["5"]`},
+		{List{3, 2, 1, 0}, `["3-0"]`},
+		{List{0, 1, 2, 7, 9, 8}, `["0-2","7","9-8"]`},
+		{List{1, 0, 2}, `["1-0","2"]`},
+	} {
+		b, err := json.Marshal(tc.in)
+		if err != nil || string(b) != tc.want {
+			t.Errorf("Marshal(%v) = %s, %v, want %s", tc.in, b, err, tc.want)
+		}
+		var back List
+		if err := json.Unmarshal(b, &back); err != nil || !slices.Equal(back, tc.in) {
+			t.Errorf("Unmarshal(%s) = %v, %v, want %v", b, back, err, tc.in)
+		}
+	}
+	for _, bad := range []string{`[1]`, `["x"]`, `["-1"]`, `["1-"]`, `["0-99999999"]`, `{}`} {
+		var l List
+		if err := json.Unmarshal([]byte(bad), &l); err == nil {
+			t.Errorf("Unmarshal(%s) = %v, want an error", bad, l)
+		}
 	}
 }

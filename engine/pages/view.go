@@ -90,21 +90,21 @@ func (c *Cache) FreePages(dst []int32) []int32 { return append(dst, c.free...) }
 type State struct {
 	PageSize   int          `json:"page_size"`
 	NumPages   int          `json:"num_pages"`
-	Free       []int32      `json:"free"`        // the free-list stack, bottom first
+	Free       List         `json:"free"`        // the free-list stack, bottom first
 	PoolSize   int          `json:"pool_size"`   // blocks in the pool, live or not
-	FreeBlocks []int32      `json:"free_blocks"` // the pool's free stack, bottom first
+	FreeBlocks List         `json:"free_blocks"` // the pool's free stack, bottom first
 	Blocks     []BlockState `json:"blocks"`      // live blocks, ascending id
 	Seqs       []SeqState   `json:"seqs"`        // ascending id
 }
 
 // BlockState is one live block in a State.
 type BlockState struct {
-	ID     int32   `json:"id"`
-	Parent int32   `json:"parent"`
-	Refs   int32   `json:"refs"`
-	Start  int     `json:"start"`
-	Length int     `json:"length"`
-	Pages  []int32 `json:"pages"`
+	ID     int32 `json:"id"`
+	Parent int32 `json:"parent"`
+	Refs   int32 `json:"refs"`
+	Start  int   `json:"start"`
+	Length int   `json:"length"`
+	Pages  List  `json:"pages"`
 }
 
 // SeqState is one sequence in a State.
