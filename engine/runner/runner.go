@@ -48,6 +48,17 @@ type Config struct {
 	// IdleTick is how often an idle engine still steps, so time-based hazards fire
 	// (default 250ms).
 	IdleTick time.Duration
+	// Hook, when set, runs on the engine's goroutine around every step: a workload
+	// simulator uses it to make a router's calls in step with the engine.
+	Hook Hook
+}
+
+// Hook is called around every step, on the engine's goroutine.
+type Hook interface {
+	// BeforeStep may make calls on the engine; their events go out with the step's.
+	BeforeStep(e *engine.Engine, now time.Time)
+	// AfterStep sees the step's output. It must not keep rd's slices.
+	AfterStep(e *engine.Engine, rd engine.Ready)
 }
 
 // Runner owns an engine on one goroutine.
@@ -168,7 +179,13 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.stepBudget--
 		}
 		last = r.cfg.Clock()
+		if r.cfg.Hook != nil {
+			r.cfg.Hook.BeforeStep(r.e, last)
+		}
 		rd := r.e.Step(last)
+		if r.cfg.Hook != nil {
+			r.cfg.Hook.AfterStep(r.e, rd)
+		}
 		r.publish(rd.Events, rd.Tokens)
 		r.measure()
 		idle = rd.Action == engine.ActionIdle && r.stepBudget == 0
