@@ -60,18 +60,18 @@ func (q *queue) due(now time.Duration) []Arrival {
 
 // ChatParams shapes multi-turn chat over shared system prompts.
 type ChatParams struct {
-	Systems        int           // shared system prompts
-	SystemLen      [2]int        // their length range
-	FirstUser      [2]int        // the first user message's length range
-	FollowUser     [2]int        // a follow-up message's length range
-	MaxTokens      [2]int        // the completion length range
-	Turns          [2]int        // turns a conversation has
-	NewConvEvery   time.Duration // mean time between new conversations
-	Think          [2]time.Duration
-	MaxContext     int     // a conversation stops before its prompt passes this
-	LostRate       float64 // share of requests whose prefill instance dies (Lost)
-	AbortRate      float64 // share aborted right after prep_recv
-	MaxConvs       int     // 0: unbounded
+	Systems      int           // shared system prompts
+	SystemLen    [2]int        // their length range
+	FirstUser    [2]int        // the first user message's length range
+	FollowUser   [2]int        // a follow-up message's length range
+	MaxTokens    [2]int        // the completion length range
+	Turns        [2]int        // turns a conversation has
+	NewConvEvery time.Duration // mean time between new conversations
+	Think        [2]time.Duration
+	MaxContext   int     // a conversation stops before its prompt passes this
+	LostRate     float64 // share of requests whose prefill instance dies (Lost)
+	AbortRate    float64 // share aborted right after prep_recv
+	MaxConvs     int     // 0: unbounded
 }
 
 // chat is a multi-turn chat workload: conversations open over a handful of shared system
