@@ -236,8 +236,8 @@ func (c *Cache) detach(e *entry) {
 			break
 		}
 	}
-	if len(n.seqs) == 0 {
-		n.seqs = nil
+	if len(n.seqs) == 0 && cap(n.seqs) > 4 {
+		n.seqs = nil // a crowd has left; a small array stays for the next arrival
 	}
 	c.count(n, -1, e)
 	c.touch(n)
