@@ -14,15 +14,17 @@
 //
 //	// prepare-receive: tokens is prompt[0:end).
 //	res, err := c.InsertSequence(id, tokens, prefix.NoWindow)
+//	seq := id
 //	switch res.Kind {
 //	case prefix.Fresh: // add a new, empty KV sequence id
 //	case prefix.Fork: // fork KV sequence res.Parent into id at res.Offset
 //	case prefix.Reuse: // adopt res.Parent in place of id; pop res.Pop tokens from its KV
+//		seq = res.Parent
 //	}
 //	c.ExtendSequence(seq, tokens[res.Offset:]) // after the step; applied at the next commit
 //
-//	c.RecycleSequence(seq)  // the request finished
-//	c.TryFreeMemory()       // the engine needs pages: evicts one recycling sequence
+//	c.RecycleSequence(seq) // the request finished
+//	c.TryFreeMemory()      // the engine needs pages: evicts one recycling sequence
 //
 // InsertSequence(id, tokens, w) commits pending extensions, drops the last token of tokens
 // (it is never matched), finds the longest common prefix m of the rest with the tree and the

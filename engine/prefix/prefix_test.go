@@ -721,3 +721,23 @@ func TestStrings(t *testing.T) {
 		}
 	}
 }
+
+// TestOnEvictSeesAConsistentCache: OnEvict runs once the cache is consistent (the sequence
+// is gone, the invariants hold), and RemoveSequence does not call it.
+func TestOnEvictSeesAConsistentCache(t *testing.T) {
+	var c *Cache
+	var calls []string
+	c = New(Config{MaxRecycling: 1, OnEvict: func(id int64) {
+		calls = append(calls, fmt.Sprintf("%d held=%v check=%v recycling=%v", id, c.HasSequence(id), c.Check(), c.Recycling()))
+	}})
+	start(t, c, 1, seqOf(10, 5), NoWindow)
+	start(t, c, 2, seqOf(20, 5), NoWindow)
+	start(t, c, 3, seqOf(30, 5), NoWindow)
+	mustRecycle(t, c, 1, 2) // 2 evicts 1
+	if err := c.RemoveSequence(3); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"1 held=false check=<nil> recycling=[2]"}; !slices.Equal(calls, want) {
+		t.Errorf("OnEvict calls = %q, want %q", calls, want)
+	}
+}
