@@ -1,0 +1,411 @@
+package ui
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"charm.land/bubbles/v2/key"
+	tea "charm.land/bubbletea/v2"
+
+	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/engine/prefix"
+	"github.com/kvtop/kvtop/engine/prepare"
+)
+
+// detailPanel is one request whole: why it is stuck (the admission evaluation with every
+// predicate and its numbers, or its prepared age and KV progress, or its leak), its
+// timeline, its pages, its metadata runs, its prefix path and its hazards.
+type detailPanel struct {
+	w        *world
+	st       *Styles
+	styleGen int
+	keys     KeyMap
+
+	id            string
+	width, height int
+	top           int
+
+	lines   []string
+	linesBy struct {
+		ver      uint64
+		id       string
+		width    int
+		styleGen int
+	}
+
+	out string
+	key renderKey
+}
+
+func (p detailPanel) with(w *world, st *Styles, gen int) detailPanel {
+	p.w, p.st, p.styleGen = w, st, gen
+	if p.keys.Up.Keys() == nil {
+		p.keys = DefaultKeyMap()
+	}
+	return p
+}
+
+// SetSize sets the panel's size.
+func (p detailPanel) SetSize(w, h int) detailPanel {
+	p.width, p.height = w, h
+	return p
+}
+
+// View returns the rendered detail.
+func (p detailPanel) View() string { return p.out }
+
+func (p detailPanel) open(id string) detailPanel {
+	if id != p.id {
+		p.top = 0
+	}
+	p.id = id
+	return p
+}
+
+// Update scrolls.
+func (p detailPanel) Update(msg tea.Msg) (detailPanel, tea.Cmd) {
+	k, ok := msg.(tea.KeyPressMsg)
+	if !ok {
+		return p, nil
+	}
+	h := max(p.height, 1)
+	switch {
+	case key.Matches(k, p.keys.Up):
+		p.top--
+	case key.Matches(k, p.keys.Down):
+		p.top++
+	case key.Matches(k, p.keys.PageUp):
+		p.top -= h - 1
+	case key.Matches(k, p.keys.PageDown):
+		p.top += h - 1
+	case key.Matches(k, p.keys.Home):
+		p.top = 0
+	case key.Matches(k, p.keys.End):
+		p.top = len(p.lines)
+	}
+	p.top = min(max(p.top, 0), max(len(p.lines)-h, 0))
+	return p, nil
+}
+
+// Refresh rebuilds the lines when the request or the data changed.
+func (p detailPanel) Refresh() detailPanel {
+	if p.w == nil {
+		return p
+	}
+	lb := p.linesBy
+	lb.ver, lb.id, lb.width, lb.styleGen = p.w.ver, p.id, p.width, p.styleGen
+	if lb != p.linesBy || p.lines == nil {
+		p.linesBy = lb
+		p.lines = p.build()
+	}
+	h := max(p.height, 1)
+	p.top = min(max(p.top, 0), max(len(p.lines)-h, 0))
+	k := renderKey{ver: p.w.ver, width: p.width, height: p.height, top: p.top, styleGen: p.styleGen, extra: p.id}
+	if k != p.key || p.out == "" {
+		p.key = k
+		end := min(p.top+h, len(p.lines))
+		out := make([]string, 0, end-p.top)
+		for _, l := range p.lines[p.top:end] {
+			out = append(out, fit(l, p.width))
+		}
+		p.out = strings.Join(out, "\n")
+	}
+	return p
+}
+
+func (p detailPanel) build() []string {
+	st := p.st
+	v := p.w.view
+	switch {
+	case v == nil:
+		return []string{st.Dim.Render("waiting for the first snapshot…")}
+	case p.id == "":
+		return []string{st.Dim.Render("no request selected: pick one in the requests panel and press enter")}
+	}
+	r, ok := v.Request(p.id)
+	if !ok {
+		return []string{st.Heading.Render("Request " + p.id), "",
+			st.Dim.Render("the engine no longer holds this request (retired: it ended and was forgotten to keep the table bounded)")}
+	}
+	now := v.Stamp()
+	limit := v.Config().PreparedAgeLimit.Milliseconds()
+	var out []string
+	add := func(format string, a ...any) { out = append(out, fmt.Sprintf(format, a...)) }
+	section := func(title string) { out = append(out, "", st.Heading.Render(title)) }
+
+	label, _ := stateLabel(v, r)
+	head := st.Heading.Render("Request "+r.ID) + "  " + label
+	if isStuck(v, r, now.At, limit) {
+		head += "  " + st.Bad.Render("! STUCK")
+	}
+	out = append(out, head)
+	seq := "-"
+	if r.Seq >= 0 {
+		seq = fmt.Sprint(r.Seq)
+	}
+	add("prompt %d · end %d · max_tokens %d · seq %s · matched %d (%s) · generated %d",
+		r.PromptLength, r.End, r.MaxTokens, seq, r.Matched, matchText(r), r.Generated)
+	end := now
+	if r.State.Ended() {
+		end = r.Ended
+	}
+	add("arrived at step %d · age %s, %d steps%s", r.Arrived.Step, dur(end.At-r.Arrived.At), end.Step-r.Arrived.Step, endedText(r))
+
+	section("Why")
+	out = append(out, p.why(v, r, now, limit)...)
+
+	section("Timeline")
+	if len(r.History) == 0 {
+		add("  (no marks)")
+	}
+	for _, m := range r.History {
+		add("  step %-6d %8s  %s", m.Step, "+"+dur(m.At-r.Arrived.At), m.Text)
+	}
+
+	section("Pages")
+	out = append(out, p.pagesText(v, r)...)
+
+	section("Metadata")
+	if len(r.Runs) == 0 {
+		add("  none: not admitted yet")
+	} else {
+		add("  kv_append_metadata %s", r.Encoded)
+		if arr, err := prepare.Decode(r.Encoded); err == nil {
+			add("  decodes to %s", intsText(arr))
+		}
+		for m, runs := range r.Runs {
+			for i, run := range runs {
+				line := fmt.Sprintf("  model %d run %d: slots %d–%d (%d)", m, i, run.Start, run.End()-1, run.Len)
+				if m == 0 && i < len(r.RunReceived) {
+					g := stripGlyph[runClass(r.RunReceived[i], run.Len)]
+					line += fmt.Sprintf(" · %s %d/%d received", g, r.RunReceived[i], run.Len)
+				}
+				out = append(out, line)
+			}
+		}
+		add("  KV received %d of %d reserved slots", r.Received, r.Reserved)
+	}
+
+	section("Prefix path")
+	out = append(out, p.prefixText(v, r)...)
+
+	section("Hazards")
+	n := 0
+	for _, h := range v.Hazards() {
+		if h.Hazard.ID == r.ID {
+			out = append(out, st.Hazard.Render("  step "+fmt.Sprint(h.Step)+"  "+h.Hazard.String()))
+			n++
+		}
+	}
+	if n == 0 && len(r.Hazards) > 0 {
+		for _, k := range r.Hazards {
+			out = append(out, st.Hazard.Render("  "+k.String()))
+		}
+	} else if n == 0 {
+		add("  none")
+	}
+	return out
+}
+
+func matchText(r *engine.RequestView) string {
+	if r.Seq < 0 {
+		return "not matched yet"
+	}
+	switch r.Match {
+	case prefix.Fork:
+		return fmt.Sprintf("fork of seq %d", r.Parent)
+	case prefix.Reuse:
+		return fmt.Sprintf("reuse of seq %d", r.Parent)
+	}
+	return "new sequence"
+}
+
+func endedText(r *engine.RequestView) string {
+	if !r.State.Ended() {
+		return ""
+	}
+	return fmt.Sprintf(" · ended at step %d (%s)", r.Ended.Step, r.FinishReason)
+}
+
+// why explains what holds the request: the admission test for a waiting one, the age and
+// KV progress for a prepared one, the leak for an aborted one.
+func (p detailPanel) why(v *engine.View, r *engine.RequestView, now engine.Stamp, limit int64) []string {
+	st := p.st
+	var out []string
+	switch r.State {
+	case engine.StateWaiting:
+		ev, ok := v.Blocked(r)
+		if !ok {
+			if r.Pending > 0 {
+				return []string{fmt.Sprintf("  started, %d tokens of its tail wait for prefill", r.Pending)}
+			}
+			return []string{"  waiting, not evaluated yet: it arrived after the last prepare-receive pass; the next step evaluates it"}
+		}
+		out = append(out, st.Bad.Render("  "+ev.String()))
+		if ev.Reason == prepare.ReasonHeadOfLine {
+			head := v.Head()
+			if head == nil || head.Eval == nil {
+				return out
+			}
+			out = append(out, fmt.Sprintf("  admission is first-in first-out: nothing behind %s is admitted until it is; %s is blocked by:", head.ID, head.ID))
+			out = append(out, st.Bad.Render("  "+head.Eval.String()))
+			ev = *head.Eval
+		}
+		out = append(out, "")
+		out = append(out, p.checks(ev)...)
+		if ev.Evicted > 0 {
+			out = append(out, fmt.Sprintf("  eviction already freed %d recycling sequence(s) for this test", ev.Evicted))
+		}
+	case engine.StatePrepared, engine.StateKVComplete:
+		age := now.At - r.Admitted.At
+		pct := 100
+		if r.Reserved > 0 {
+			pct = r.Received * 100 / r.Reserved
+		}
+		line := fmt.Sprintf("  prepared at step %d, %s (%d steps) ago; KV %d/%d received (%d%%)", r.Admitted.Step, dur(age), now.Step-r.Admitted.Step, r.Received, r.Reserved, pct)
+		out = append(out, line)
+		switch {
+		case r.State == engine.StatePrepared:
+			out = append(out, "  waiting for the prefill instance to write its KV (remote_send), then for start_generate")
+		default:
+			out = append(out, "  its KV is complete: waiting for the router's start_generate")
+		}
+		if limit > 0 && age >= limit {
+			out = append(out, st.Bad.Render(fmt.Sprintf("  past the %s age limit: the router likely never calls start_generate, or the prefill instance never wrote; MLC never frees it (a leak)", dur(limit))))
+		} else if limit > 0 {
+			out = append(out, st.Dim.Render(fmt.Sprintf("  flagged as a likely leak after %s", dur(limit))))
+		}
+	case engine.StateRunning:
+		if r.Pending > 0 {
+			out = append(out, fmt.Sprintf("  running: %d tokens of its tail left to prefill on this instance", r.Pending))
+		} else {
+			out = append(out, fmt.Sprintf("  running: decoding, %d of %d tokens generated", r.Generated, r.MaxTokens))
+		}
+	default:
+		out = append(out, fmt.Sprintf("  %s (%s) after %d tokens", r.State, r.FinishReason, r.Generated))
+		if r.Leaked {
+			out = append(out, st.Bad.Render(fmt.Sprintf("  LEAKED: aborted while prepared; its sequence %d keeps its pages and its prefix entry, and MLC never frees them", r.Seq)))
+		}
+	}
+	return out
+}
+
+// checks is the admission predicates as a table: each with its numbers and whether it
+// holds; the first that fails is the reason.
+func (p detailPanel) checks(ev prepare.Evaluation) []string {
+	st := p.st
+	out := []string{fmt.Sprintf("  %-2s%-15s %15s  %s", "", "predicate", "lhs ≤ rhs", "test (spec 5.2)")}
+	first := true
+	for _, c := range ev.Checks() {
+		mark, op, style := "✓", "≤", st.Pass
+		note := ""
+		if !c.OK() {
+			mark, op, style = "✗", ">", st.Fail
+			if first {
+				note = "  ← blocks"
+				first = false
+			}
+		}
+		line := fmt.Sprintf("  %-2s%-15s %15s  %s%s", mark, c.Name, fmt.Sprintf("%d %s %d", c.LHS, op, c.RHS), c.Text, note)
+		out = append(out, style.Render(line))
+	}
+	if ev.Recycling > 0 {
+		out = append(out, fmt.Sprintf("  eviction could free %d pages held by %d recycling sequences", ev.Evictable, ev.Recycling))
+	} else {
+		out = append(out, "  nothing is recycling: eviction cannot free anything")
+	}
+	return out
+}
+
+func (p detailPanel) pagesText(v *engine.View, r *engine.RequestView) []string {
+	if r.Seq < 0 {
+		return []string{"  none: no sequence yet"}
+	}
+	if id, ok := v.Owner(r.Seq); !ok || id != r.ID {
+		return []string{fmt.Sprintf("  seq %d is no longer this request's (now %s)", r.Seq, orNone(id))}
+	}
+	c := v.Cache()
+	pgs, err := c.SequencePages(r.Seq, nil)
+	if err != nil {
+		return []string{fmt.Sprintf("  seq %d holds no pages (removed from the cache)", r.Seq)}
+	}
+	pd := p.w.pages()
+	var count [numPageStates]int
+	for _, pg := range pgs {
+		count[pd.state[pg]]++
+	}
+	var mix []string
+	for s := range numPageStates {
+		if count[s] > 0 {
+			mix = append(mix, fmt.Sprintf("%s %d %s", p.st.Glyph[s], count[s], pageStateNames[s]))
+		}
+	}
+	n, _ := c.SequenceLength(r.Seq)
+	lines := []string{
+		fmt.Sprintf("  seq %d: %d tokens on %d pages: %s", r.Seq, n, len(pgs), strings.Join(mix, ", ")),
+		"  pages " + engine.PageList(pgs),
+	}
+	if st, ok := seqState(v, r.Seq); ok && st == prefix.Recycling {
+		lines = append(lines, "  recycling: kept in the prefix cache for reuse, evictable")
+	}
+	return lines
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "nobody"
+	}
+	return s
+}
+
+// prefixText is the request's path in the radix tree, root to the node its sequence ends
+// in.
+func (p detailPanel) prefixText(v *engine.View, r *engine.RequestView) []string {
+	if r.Seq < 0 {
+		return []string{"  none: not matched yet"}
+	}
+	nodes := v.PrefixNodes()
+	byID := make(map[prefix.NodeID]prefix.Node, len(nodes))
+	var at *prefix.Node
+	for i := range nodes {
+		byID[nodes[i].ID] = nodes[i]
+		for _, s := range nodes[i].Seqs {
+			if s.ID == r.Seq {
+				at = &nodes[i]
+			}
+		}
+	}
+	if at == nil {
+		return []string{fmt.Sprintf("  seq %d is not in the prefix cache (mode %s, or removed)", r.Seq, v.Config().PrefixCache)}
+	}
+	var path []prefix.Node
+	for n := *at; ; n = byID[n.Parent] {
+		path = append(path, n)
+		if n.ID == 0 {
+			break
+		}
+		if _, ok := byID[n.Parent]; !ok {
+			break
+		}
+	}
+	slices.Reverse(path)
+	parts := make([]string, len(path))
+	for i, n := range path {
+		if n.ID == 0 {
+			parts[i] = "root"
+		} else {
+			parts[i] = fmt.Sprintf("#%d (+%d =%d)", n.ID, n.Span, n.Depth)
+		}
+	}
+	state := "?"
+	for _, s := range at.Seqs {
+		if s.ID == r.Seq {
+			state = s.State.String()
+		}
+	}
+	return []string{
+		"  " + strings.Join(parts, " → "),
+		fmt.Sprintf("  seq %d ends at node #%d after %d tokens, %s · matched %d tokens: %s", r.Seq, at.ID, at.Depth, state, r.Matched, matchText(r)),
+	}
+}

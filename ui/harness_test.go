@@ -1,0 +1,271 @@
+package ui
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/engine/pages"
+)
+
+// fakeSource is a Source fed by a test: push queues an update and signals, as a runner's
+// subscription does; controls are recorded.
+type fakeSource struct {
+	mu       sync.Mutex
+	c        chan struct{}
+	pending  engine.Update
+	has      bool
+	closed   bool
+	readOnly bool
+	link     engine.Link
+	controls chan engine.Control
+}
+
+func newFakeSource() *fakeSource {
+	return &fakeSource{
+		c:        make(chan struct{}, 1),
+		link:     engine.Link{Name: "embedded", State: engine.LinkUp},
+		controls: make(chan engine.Control, 64),
+	}
+}
+
+func (f *fakeSource) push(u engine.Update) {
+	f.mu.Lock()
+	if f.pending.Snapshot == nil || u.Snapshot != nil {
+		if u.Snapshot != nil {
+			f.pending.Events = nil
+			f.pending.Snapshot = u.Snapshot
+		}
+	}
+	f.pending.Events = append(f.pending.Events, u.Events...)
+	if u.Status != nil {
+		f.pending.Status = u.Status
+	}
+	f.pending.Dropped = max(f.pending.Dropped, u.Dropped)
+	f.has = true
+	f.mu.Unlock()
+	select {
+	case f.c <- struct{}{}:
+	default:
+	}
+}
+
+func (f *fakeSource) C() <-chan struct{} { return f.c }
+
+func (f *fakeSource) Take() engine.Update {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	u := f.pending
+	f.pending = engine.Update{Dropped: u.Dropped}
+	f.has = false
+	return u
+}
+
+func (f *fakeSource) Control(c engine.Control) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	if f.readOnly && c.Op != engine.ControlSnapshot {
+		return engine.ErrReadOnly
+	}
+	f.controls <- c
+	return nil
+}
+
+func (f *fakeSource) Link() engine.Link {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.link
+}
+
+func (f *fakeSource) Close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.closed {
+		f.closed = true
+		close(f.c)
+	}
+}
+
+// script drives a real engine deterministically: fixed times, prompts made from the
+// request id, so the events (and the goldens drawn from them) never change.
+type script struct {
+	tb     testing.TB
+	e      *engine.Engine
+	at     int64 // ms since the Unix epoch
+	snap   engine.Snapshot
+	events []engine.Event
+	meta   map[string]engine.MetadataEmitted
+}
+
+const t0 = 1_700_000_000_000
+
+func newScript(tb testing.TB, mutate func(*engine.Config)) *script {
+	tb.Helper()
+	cfg := engine.DefaultConfig()
+	cfg.MaxTotalSequenceLength = 8192
+	cfg.MaxSingleSequenceLength = 8192
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	e, err := engine.New(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s := &script{tb: tb, e: e, at: t0, meta: make(map[string]engine.MetadataEmitted)}
+	s.snap = e.Snapshot()
+	return s
+}
+
+func (s *script) now() time.Time { return time.UnixMilli(s.at) }
+
+// tick moves engine time on.
+func (s *script) tick(ms int64) *script { s.at += ms; return s }
+
+func (s *script) collect(evs []engine.Event) {
+	for _, ev := range evs {
+		if md, ok := ev.(engine.MetadataEmitted); ok {
+			s.meta[md.ID] = md
+		}
+	}
+	s.events = append(s.events, evs...)
+}
+
+// prompt returns n tokens; the first shared of them are common to every prompt made with
+// the same shared count, the rest depend on the id.
+func prompt(id string, n, shared int) []int32 {
+	p := make([]int32, n)
+	h := int32(7)
+	for _, c := range id {
+		h = h*31 + c
+	}
+	for i := range p {
+		if i < shared {
+			p[i] = int32(1000 + i)
+		} else {
+			p[i] = 2000 + (h*97+int32(i)*13)%20000
+			if p[i] < 0 {
+				p[i] = -p[i]
+			}
+		}
+	}
+	return p
+}
+
+func (s *script) prep(id string, n, shared, maxTokens int) *script {
+	s.tb.Helper()
+	err := s.e.PrepRecv(s.now(), engine.PrepRecv{ID: id, Prompt: prompt(id, n, shared), End: -1, HasEnd: true, MaxTokens: maxTokens})
+	if err != nil {
+		s.tb.Fatal(err)
+	}
+	s.collect(s.e.TakeEvents())
+	return s
+}
+
+func (s *script) step(n int) *script {
+	for range n {
+		s.tick(10)
+		rd := s.e.Step(s.now())
+		s.collect(rd.Events)
+	}
+	return s
+}
+
+// receive writes the first frac (0..1] of a request's reserved slots.
+func (s *script) receive(id string, num, den int) *script {
+	s.tb.Helper()
+	md, ok := s.meta[id]
+	if !ok {
+		s.tb.Fatalf("receive %s: no metadata", id)
+	}
+	slots := pages.Expand(nil, md.Runs[0])
+	k := len(slots) * num / den
+	if k == 0 {
+		return s
+	}
+	if _, err := s.e.ReceiveKV(s.now(), slots[:k], nil); err != nil {
+		s.tb.Fatal(err)
+	}
+	s.collect(s.e.TakeEvents())
+	return s
+}
+
+func (s *script) start(id string) *script {
+	s.tb.Helper()
+	if err := s.e.StartGenerate(s.now(), id, -1); err != nil {
+		s.tb.Fatal(err)
+	}
+	s.collect(s.e.TakeEvents())
+	return s
+}
+
+func (s *script) abort(id string) *script {
+	s.tb.Helper()
+	if err := s.e.Abort(s.now(), id); err != nil {
+		s.tb.Fatal(err)
+	}
+	s.collect(s.e.TakeEvents())
+	return s
+}
+
+// update is everything so far as one update: the first snapshot and every event since.
+func (s *script) update() engine.Update {
+	snap := s.snap
+	return engine.Update{Snapshot: &snap, Events: s.events,
+		Status: &engine.Status{Rate: 20, Target: 20, Controllable: true}}
+}
+
+// watermark is spec 9 example 8: 513 pages, 40 prompts of 40 tokens; 37 are admitted in
+// one step and the 38th blocks on the watermark (3 + 400 pages, 402 free) with every later
+// one behind it.
+func watermark(tb testing.TB) *script {
+	s := newScript(tb, nil)
+	for i := range 40 {
+		s.prep(fmt.Sprintf("r-%02d", i), 40, 0, 16)
+	}
+	return s.step(1)
+}
+
+// busy is a decode instance in the middle of things: requests sharing a prefix (forks),
+// KV arriving in part, requests decoding, finished ones recycling, a prepared request
+// aborted (leaked), a start before the KV arrived (hazard), and the watermark blocking the
+// queue.
+func busy(tb testing.TB) *script {
+	s := newScript(tb, nil)
+	for i := range 6 {
+		s.prep(fmt.Sprintf("a-%d", i), 40, 20, 4)
+	}
+	s.step(1)
+	for i := range 4 {
+		s.receive(fmt.Sprintf("a-%d", i), 1, 1)
+	}
+	s.receive("a-4", 1, 2)
+	s.start("a-0").start("a-1").start("a-2")
+	s.step(3)
+	s.start("a-3")
+	s.step(4)      // a-0…a-2 finish: recycled
+	s.start("a-5") // before its KV: hazard
+	s.abort("a-4") // prepared: leaks
+	for i := range 34 {
+		s.prep(fmt.Sprintf("b-%02d", i), 40+i%5*16, 20, 8)
+	}
+	s.tick(500).step(2)
+	for i := range 6 {
+		s.receive(fmt.Sprintf("b-%02d", i), i+1, 6)
+	}
+	return s
+}
+
+// feed builds a model on a fake source and folds s's update into it, at a size.
+func feed(tb testing.TB, s *script, opts Options, w, h int) (*Model, *fakeSource) {
+	tb.Helper()
+	src := newFakeSource()
+	m := New(src, opts)
+	m.Update(sizeMsg(w, h))
+	if s != nil {
+		m.Update(updateMsg{s.update()})
+	}
+	return m, src
+}

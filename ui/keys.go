@@ -1,0 +1,74 @@
+package ui
+
+import "charm.land/bubbles/v2/key"
+
+// KeyMap is every binding of the dashboard. The help overlay lists them from here, and
+// Update matches keys with key.Matches against them, never against string literals.
+type KeyMap struct {
+	Help      key.Binding
+	Quit      key.Binding
+	NextPanel key.Binding
+	PrevPanel key.Binding
+	Panel     [numPanels]key.Binding // 1…6
+	Up        key.Binding
+	Down      key.Binding
+	Left      key.Binding
+	Right     key.Binding
+	PageUp    key.Binding
+	PageDown  key.Binding
+	Home      key.Binding
+	End       key.Binding
+	Enter     key.Binding
+	Back      key.Binding
+	Filter    key.Binding
+	Sort      key.Binding
+	Reverse   key.Binding
+	Pause     key.Binding
+	Step      key.Binding
+	Resync    key.Binding
+}
+
+// DefaultKeyMap returns kvtop's bindings.
+func DefaultKeyMap() KeyMap {
+	k := KeyMap{
+		Help:      key.NewBinding(key.WithKeys("?"), key.WithHelp("?", "help")),
+		Quit:      key.NewBinding(key.WithKeys("q", "ctrl+c"), key.WithHelp("q", "quit")),
+		NextPanel: key.NewBinding(key.WithKeys("tab"), key.WithHelp("tab", "next panel")),
+		PrevPanel: key.NewBinding(key.WithKeys("shift+tab"), key.WithHelp("shift+tab", "previous panel")),
+		Up:        key.NewBinding(key.WithKeys("up", "k"), key.WithHelp("↑/k", "up")),
+		Down:      key.NewBinding(key.WithKeys("down", "j"), key.WithHelp("↓/j", "down")),
+		Left:      key.NewBinding(key.WithKeys("left", "h"), key.WithHelp("←/h", "left (page map)")),
+		Right:     key.NewBinding(key.WithKeys("right", "l"), key.WithHelp("→/l", "right (page map)")),
+		PageUp:    key.NewBinding(key.WithKeys("pgup", "ctrl+u"), key.WithHelp("pgup", "page up")),
+		PageDown:  key.NewBinding(key.WithKeys("pgdown", "ctrl+d"), key.WithHelp("pgdn", "page down")),
+		Home:      key.NewBinding(key.WithKeys("home", "g"), key.WithHelp("g/home", "first")),
+		End:       key.NewBinding(key.WithKeys("end", "G"), key.WithHelp("G/end", "last (follow)")),
+		Enter:     key.NewBinding(key.WithKeys("enter"), key.WithHelp("enter", "open request / fold node")),
+		Back:      key.NewBinding(key.WithKeys("esc"), key.WithHelp("esc", "back")),
+		Filter:    key.NewBinding(key.WithKeys("/"), key.WithHelp("/", "filter (regex, !inverts)")),
+		Sort:      key.NewBinding(key.WithKeys("s"), key.WithHelp("s", "sort key")),
+		Reverse:   key.NewBinding(key.WithKeys("S"), key.WithHelp("S", "reverse sort")),
+		Pause:     key.NewBinding(key.WithKeys("p"), key.WithHelp("p", "pause (freeze view)")),
+		Step:      key.NewBinding(key.WithKeys("space", "n"), key.WithHelp("space/n", "single step")),
+		Resync:    key.NewBinding(key.WithKeys("r"), key.WithHelp("r", "resync (snapshot)")),
+	}
+	for i := range k.Panel {
+		d := string(rune('1' + i))
+		k.Panel[i] = key.NewBinding(key.WithKeys(d), key.WithHelp(d, panelNames[i]))
+	}
+	return k
+}
+
+// ShortHelp is the footer's one line.
+func (k KeyMap) ShortHelp() []key.Binding {
+	return []key.Binding{k.Help, k.NextPanel, k.Enter, k.Filter, k.Sort, k.Pause, k.Step, k.Quit}
+}
+
+// FullHelp is the help overlay, a column a group.
+func (k KeyMap) FullHelp() [][]key.Binding {
+	return [][]key.Binding{
+		{k.Help, k.Quit, k.NextPanel, k.PrevPanel, k.Panel[0], k.Panel[1], k.Panel[2], k.Panel[3], k.Panel[4], k.Panel[5]},
+		{k.Up, k.Down, k.Left, k.Right, k.PageUp, k.PageDown, k.Home, k.End, k.Enter, k.Back},
+		{k.Filter, k.Sort, k.Reverse, k.Pause, k.Step, k.Resync},
+	}
+}

@@ -1,0 +1,111 @@
+package ui
+
+import (
+	"regexp"
+	"strings"
+
+	"charm.land/bubbles/v2/key"
+	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/x/ansi"
+)
+
+// filterSpec is a panel's filter: a case-insensitive regular expression, inverted by a
+// leading '!'.
+type filterSpec struct {
+	text   string
+	re     *regexp.Regexp
+	invert bool
+}
+
+func parseFilter(text string) (filterSpec, error) {
+	f := filterSpec{text: text}
+	expr := text
+	if strings.HasPrefix(expr, "!") {
+		f.invert = true
+		expr = expr[1:]
+	}
+	if expr == "" {
+		return f, nil
+	}
+	re, err := regexp.Compile("(?i)" + expr)
+	if err != nil {
+		return filterSpec{}, err
+	}
+	f.re = re
+	return f, nil
+}
+
+// active says whether the filter selects anything out.
+func (f filterSpec) active() bool { return f.re != nil }
+
+func (f filterSpec) match(s string) bool {
+	if f.re == nil {
+		return true
+	}
+	return f.re.MatchString(s) != f.invert
+}
+
+// cursor is a selection in a list of n items shown h at a time.
+type cursor struct {
+	pos, top int
+}
+
+// move handles the navigation keys; it reports whether the key was one.
+func (c *cursor) move(k tea.Msg, keys KeyMap, n, h int) bool {
+	km, ok := k.(tea.KeyPressMsg)
+	if !ok {
+		return false
+	}
+	switch {
+	case key.Matches(km, keys.Up):
+		c.pos--
+	case key.Matches(km, keys.Down):
+		c.pos++
+	case key.Matches(km, keys.PageUp):
+		c.pos -= max(h-1, 1)
+	case key.Matches(km, keys.PageDown):
+		c.pos += max(h-1, 1)
+	case key.Matches(km, keys.Home):
+		c.pos = 0
+	case key.Matches(km, keys.End):
+		c.pos = n - 1
+	default:
+		return false
+	}
+	c.clamp(n, h)
+	return true
+}
+
+// clamp keeps the cursor in the list and on the screen.
+func (c *cursor) clamp(n, h int) {
+	c.pos = min(max(c.pos, 0), max(n-1, 0))
+	h = max(h, 1)
+	if c.pos < c.top {
+		c.top = c.pos
+	}
+	if c.pos >= c.top+h {
+		c.top = c.pos - h + 1
+	}
+	c.top = min(max(c.top, 0), max(n-h, 0))
+}
+
+// pad cuts or pads plain text to exactly w columns.
+func pad(s string, w int) string {
+	if w <= 0 {
+		return ""
+	}
+	sw := ansi.StringWidth(s)
+	if sw > w {
+		return ansi.Truncate(s, w, "…")
+	}
+	return s + strings.Repeat(" ", w-sw)
+}
+
+// padLeft right-aligns plain text in w columns.
+func padLeft(s string, w int) string {
+	sw := ansi.StringWidth(s)
+	if sw > w {
+		return ansi.Truncate(s, w, "…")
+	}
+	return strings.Repeat(" ", w-sw) + s
+}

@@ -1,0 +1,719 @@
+package ui
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"charm.land/bubbles/v2/help"
+	"charm.land/bubbles/v2/key"
+	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/colorprofile"
+	"github.com/charmbracelet/x/ansi"
+
+	"github.com/kvtop/kvtop/engine"
+)
+
+// panelID names a panel; the number keys 1…6 select them in this order.
+type panelID int
+
+const (
+	panelRequests panelID = iota
+	panelPages
+	panelPrefix
+	panelSegments
+	panelEvents
+	panelDetail
+	numPanels
+)
+
+var panelNames = [numPanels]string{"requests", "pages", "prefix", "segments", "events", "detail"}
+
+// Messages.
+type (
+	// updateMsg carries everything the source had pending.
+	updateMsg struct{ u engine.Update }
+	// sourceDoneMsg says the source has ended, with what it still had.
+	sourceDoneMsg struct{ u engine.Update }
+	// frameMsg says a frame interval has passed since the last update was folded: time to
+	// take what is pending.
+	frameMsg struct{}
+	// linkTickMsg asks for the link's state again (a link can go down with no update).
+	linkTickMsg struct{}
+	// controlDoneMsg is the source's answer to a control.
+	controlDoneMsg struct {
+		c   engine.Control
+		err error
+	}
+)
+
+// linkPoll is how often the link's state is read.
+const linkPoll = time.Second
+
+// Model is the dashboard: the root Bubble Tea model. It folds the source's updates into an
+// engine.View, and draws it through its panels. Build it with New; run it with Run, or in
+// a tea.Program of your own.
+type Model struct {
+	src  Source
+	opts Options
+	keys KeyMap
+
+	st       *Styles
+	styleGen int
+	plain    bool
+	isDark   bool
+
+	clock  uint64 // versions of every world come from this one counter
+	live   *world
+	frozen *world // set while paused: what is drawn
+
+	status     engine.Status
+	haveStatus bool
+	link       engine.Link
+	dropped    uint64
+	diverged   error // the view broke; a resync was asked
+	behind     uint64
+	refreeze   bool // a single step was asked while frozen
+	closed     bool
+	updates    uint64
+
+	width, height int
+	active        panelID
+	back          panelID
+	showHelp      bool
+	filtering     bool
+	filterBuf     string
+	message       string
+	messageErr    bool
+
+	requests requestsPanel
+	pagemap  pagesPanel
+	prefix   prefixPanel
+	segments segmentsPanel
+	events   eventsPanel
+	detail   detailPanel
+	help     help.Model
+
+	header    string
+	headerKey headerKey
+	frame     string
+}
+
+// New returns a dashboard reading from src.
+func New(src Source, opts Options) *Model {
+	if opts.FPS <= 0 {
+		opts.FPS = 25
+	}
+	if opts.EventLog <= 0 {
+		opts.EventLog = defaultLogSize
+	}
+	m := &Model{
+		src:    src,
+		opts:   opts,
+		keys:   DefaultKeyMap(),
+		isDark: !opts.Light,
+		plain:  opts.NoColor || (opts.Profile != colorprofile.Unknown && opts.Profile <= colorprofile.ASCII),
+		width:  80,
+		height: 24,
+		help:   help.New(),
+		link:   src.Link(),
+	}
+	m.live = &world{events: newEventLog(opts.EventLog)}
+	m.setStyles()
+	m.refresh()
+	return m
+}
+
+// Init starts waiting on the source, polling the link and asking the terminal's colours.
+func (m *Model) Init() tea.Cmd {
+	return tea.Batch(m.wait(), linkTick(), tea.RequestBackgroundColor)
+}
+
+// wait is the one re-armed command: it waits on the source and returns everything pending
+// as one message.
+func (m *Model) wait() tea.Cmd {
+	src := m.src
+	return func() tea.Msg {
+		if _, ok := <-src.C(); !ok {
+			return sourceDoneMsg{src.Take()}
+		}
+		return updateMsg{src.Take()}
+	}
+}
+
+func linkTick() tea.Cmd {
+	return tea.Tick(linkPoll, func(time.Time) tea.Msg { return linkTickMsg{} })
+}
+
+func (m *Model) control(c engine.Control) tea.Cmd {
+	src := m.src
+	return func() tea.Msg { return controlDoneMsg{c, src.Control(c)} }
+}
+
+// Update folds updates and handles keys.
+func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
+	var cmd tea.Cmd
+	switch msg := msg.(type) {
+	case tea.WindowSizeMsg:
+		m.width, m.height = msg.Width, msg.Height
+	case tea.BackgroundColorMsg:
+		if m.isDark != msg.IsDark() {
+			m.isDark = msg.IsDark()
+			m.setStyles()
+		}
+	case tea.ColorProfileMsg:
+		if plain := m.opts.NoColor || msg.Profile <= colorprofile.ASCII; plain != m.plain {
+			m.plain = plain
+			m.setStyles()
+		}
+	case updateMsg:
+		cmd = tea.Batch(m.fold(msg.u), tea.Tick(time.Second/time.Duration(m.opts.FPS), func(time.Time) tea.Msg { return frameMsg{} }))
+	case frameMsg:
+		cmd = m.wait()
+	case sourceDoneMsg:
+		cmd = m.fold(msg.u)
+		m.closed = true
+	case linkTickMsg:
+		m.link = m.src.Link()
+		cmd = linkTick()
+	case controlDoneMsg:
+		if msg.err != nil {
+			m.setMessage(fmt.Sprintf("%s refused: %v", msg.c.Op, msg.err), true)
+		}
+	case tea.KeyPressMsg:
+		cmd = m.onKey(msg)
+	case tea.MouseWheelMsg:
+		k := tea.KeyPressMsg{Code: tea.KeyDown}
+		if msg.Button == tea.MouseWheelUp {
+			k = tea.KeyPressMsg{Code: tea.KeyUp}
+		}
+		cmd = m.toPanel(k)
+	}
+	m.refresh()
+	return m, cmd
+}
+
+// View returns the frame built by the last Update.
+func (m *Model) View() tea.View {
+	v := tea.NewView(m.frame)
+	v.AltScreen = true
+	v.WindowTitle = "kvtop " + m.name()
+	if m.opts.Mouse {
+		v.MouseMode = tea.MouseModeCellMotion
+	}
+	return v
+}
+
+func (m *Model) name() string {
+	if m.opts.Name != "" {
+		return m.opts.Name
+	}
+	if m.link.Name != "" {
+		return m.link.Name
+	}
+	return "engine"
+}
+
+// controllable says whether pause and step may reach the engine.
+func (m *Model) controllable() bool {
+	return m.opts.Control && (!m.haveStatus || m.status.Controllable)
+}
+
+// drawn returns the world the panels draw: the frozen one while paused.
+func (m *Model) drawn() *world {
+	if m.frozen != nil {
+		return m.frozen
+	}
+	return m.live
+}
+
+func (m *Model) touch(w *world) {
+	m.clock++
+	w.ver = m.clock
+}
+
+// fold applies an update to the live world. An event that does not fit the view means the
+// view missed something: it stops applying events and asks the source for a snapshot.
+func (m *Model) fold(u engine.Update) tea.Cmd {
+	if m.opts.OnUpdate != nil {
+		m.opts.OnUpdate(u)
+	}
+	m.updates++
+	var cmd tea.Cmd
+	if u.Status != nil {
+		m.status, m.haveStatus = *u.Status, true
+	}
+	m.dropped = max(m.dropped, u.Dropped)
+	w := m.live
+	changed := false
+	if u.Snapshot != nil {
+		v, err := engine.NewView(*u.Snapshot)
+		if err != nil {
+			m.diverged = err
+			cmd = m.control(engine.Control{Op: engine.ControlSnapshot})
+		} else {
+			w.view, m.diverged = v, nil
+			m.clock++
+			w.prefixVer = m.clock
+		}
+		changed = true
+	}
+	stepped := false
+	for _, ev := range u.Events {
+		w.events.push(ev)
+		switch e := ev.(type) {
+		case engine.PrefixMatched:
+			w.lastMatch, w.hasLastMatch = e, true
+			m.clock++
+			w.prefixVer = m.clock
+		case engine.PrefixChanged:
+			m.clock++
+			w.prefixVer = m.clock
+		case engine.StepCompleted:
+			stepped = true
+		}
+		if w.view == nil || m.diverged != nil {
+			continue
+		}
+		if err := w.view.Apply(ev); err != nil {
+			m.diverged = err
+			cmd = m.control(engine.Control{Op: engine.ControlSnapshot})
+		}
+	}
+	if len(u.Events) > 0 {
+		changed = true
+	}
+	if changed {
+		m.touch(w)
+		if m.frozen != nil {
+			m.behind += uint64(len(u.Events))
+			if m.refreeze && stepped {
+				m.refreeze = false
+				m.freeze()
+			}
+		}
+	}
+	return cmd
+}
+
+// freeze copies the live world for drawing while paused: the View deeply (its requests
+// change in place as events apply), and the event log.
+func (m *Model) freeze() {
+	f := &world{events: m.live.events.clone(), lastMatch: m.live.lastMatch, hasLastMatch: m.live.hasLastMatch}
+	if m.live.view != nil {
+		if v, err := engine.NewView(m.live.view.Snapshot()); err == nil {
+			f.view = v
+		} else {
+			m.setMessage("cannot freeze the view: "+err.Error(), true)
+		}
+	}
+	m.touch(f)
+	f.prefixVer = f.ver
+	m.frozen = f
+	m.behind = 0
+}
+
+func (m *Model) setMessage(s string, isErr bool) {
+	m.message, m.messageErr = s, isErr
+}
+
+func (m *Model) setStyles() {
+	var s Styles
+	if m.plain {
+		s = PlainStyles()
+	} else {
+		s = DefaultStyles(m.isDark)
+	}
+	m.st = &s
+	m.styleGen++
+	m.help.Styles = s.Help
+}
+
+// onKey handles a key press: the filter prompt and the help overlay take keys first, then
+// the global bindings, then the active panel.
+func (m *Model) onKey(k tea.KeyPressMsg) tea.Cmd {
+	if m.filtering {
+		m.filterKey(k)
+		return nil
+	}
+	if m.showHelp {
+		switch {
+		case key.Matches(k, m.keys.Quit):
+			return tea.Quit
+		case key.Matches(k, m.keys.Help, m.keys.Back):
+			m.showHelp = false
+		}
+		return nil
+	}
+	m.message = ""
+	switch {
+	case key.Matches(k, m.keys.Quit):
+		return tea.Quit
+	case key.Matches(k, m.keys.Help):
+		m.showHelp = true
+	case key.Matches(k, m.keys.NextPanel):
+		m.setActive((m.active + 1) % numPanels)
+	case key.Matches(k, m.keys.PrevPanel):
+		m.setActive((m.active + numPanels - 1) % numPanels)
+	case key.Matches(k, m.keys.Panel[:]...):
+		for i, b := range m.keys.Panel {
+			if key.Matches(k, b) {
+				m.setActive(panelID(i))
+			}
+		}
+	case key.Matches(k, m.keys.Filter):
+		switch m.active {
+		case panelRequests:
+			m.filtering, m.filterBuf = true, m.requests.filter.text
+		case panelEvents:
+			m.filtering, m.filterBuf = true, m.events.filter.text
+		default:
+			m.setMessage("filter works in the requests and events panels", false)
+		}
+	case key.Matches(k, m.keys.Sort):
+		if m.active != panelRequests {
+			m.setMessage("sort works in the requests panel", false)
+			break
+		}
+		m.requests = m.requests.cycleSort()
+		m.setMessage("sorted by "+m.requests.sortName(), false)
+	case key.Matches(k, m.keys.Reverse):
+		if m.active == panelRequests {
+			m.requests.reverse = !m.requests.reverse
+			m.setMessage("sorted by "+m.requests.sortName(), false)
+		}
+	case key.Matches(k, m.keys.Pause):
+		return m.togglePause()
+	case key.Matches(k, m.keys.Step):
+		return m.step()
+	case key.Matches(k, m.keys.Resync):
+		m.setMessage("resync: a fresh snapshot was asked for", false)
+		return m.control(engine.Control{Op: engine.ControlSnapshot})
+	case key.Matches(k, m.keys.Back):
+		switch {
+		case m.active == panelDetail:
+			m.setActive(m.back)
+		case m.active == panelRequests && m.requests.filter.text != "":
+			m.requests = m.requests.setFilter(filterSpec{})
+		case m.active == panelEvents && m.events.filter.text != "":
+			m.events = m.events.setFilter(filterSpec{})
+		}
+	case key.Matches(k, m.keys.Enter):
+		return m.enter(k)
+	default:
+		return m.toPanel(k)
+	}
+	return nil
+}
+
+// enter opens the detail of the request under the cursor of the active panel (the prefix
+// tree folds its node instead).
+func (m *Model) enter(k tea.KeyPressMsg) tea.Cmd {
+	var id string
+	switch m.active {
+	case panelRequests:
+		id = m.requests.selected()
+	case panelPages:
+		id = m.pagemap.ownerAtCursor()
+	case panelSegments:
+		id = m.segments.selected()
+	case panelEvents:
+		id = m.events.selected()
+	default:
+		return m.toPanel(k)
+	}
+	if id == "" {
+		m.setMessage("no request here", false)
+		return nil
+	}
+	m.requests = m.requests.selectID(id)
+	m.back = m.active
+	m.active = panelDetail
+	m.detail = m.detail.open(id)
+	return nil
+}
+
+func (m *Model) setActive(p panelID) {
+	if p == panelDetail && m.active != panelDetail {
+		m.back = m.active
+		m.detail = m.detail.open(m.requests.selected())
+	}
+	m.active = p
+}
+
+// toPanel hands a key to the active panel.
+func (m *Model) toPanel(k tea.Msg) tea.Cmd {
+	var cmd tea.Cmd
+	switch m.active {
+	case panelRequests:
+		m.requests, cmd = m.requests.Update(k)
+	case panelPages:
+		m.pagemap, cmd = m.pagemap.Update(k)
+	case panelPrefix:
+		m.prefix, cmd = m.prefix.Update(k)
+	case panelSegments:
+		m.segments, cmd = m.segments.Update(k)
+	case panelEvents:
+		m.events, cmd = m.events.Update(k)
+	case panelDetail:
+		m.detail, cmd = m.detail.Update(k)
+	}
+	return cmd
+}
+
+// filterKey edits the filter; it applies as it is typed.
+func (m *Model) filterKey(k tea.KeyPressMsg) {
+	switch {
+	case k.Code == tea.KeyEnter:
+		m.filtering = false
+		return
+	case k.Code == tea.KeyEscape:
+		m.filtering = false
+		m.filterBuf = ""
+	case k.Code == tea.KeyBackspace:
+		if r := []rune(m.filterBuf); len(r) > 0 {
+			m.filterBuf = string(r[:len(r)-1])
+		}
+	case k.Text != "":
+		m.filterBuf += k.Text
+	default:
+		return
+	}
+	f, err := parseFilter(m.filterBuf)
+	if err != nil {
+		m.setMessage("bad filter: "+err.Error(), true)
+		return
+	}
+	m.message = ""
+	switch m.active {
+	case panelRequests:
+		m.requests = m.requests.setFilter(f)
+	case panelEvents:
+		m.events = m.events.setFilter(f)
+	}
+}
+
+// togglePause freezes or thaws the view; with control of the engine it pauses or resumes
+// the engine too. While frozen the source is still read (nothing backs up): what arrives
+// is folded into the live view and counted, not drawn.
+func (m *Model) togglePause() tea.Cmd {
+	ctl := m.controllable()
+	if m.frozen == nil {
+		m.freeze()
+		if ctl {
+			m.setMessage("paused: engine paused, view frozen", false)
+			return m.control(engine.Control{Op: engine.ControlPause})
+		}
+		m.setMessage("paused: view frozen (the engine runs on: read-only)", false)
+		return nil
+	}
+	m.frozen = nil
+	m.refreeze = false
+	m.setMessage("resumed", false)
+	if ctl {
+		return m.control(engine.Control{Op: engine.ControlResume})
+	}
+	return nil
+}
+
+// step asks the engine for one step; the frozen view follows when the step arrives.
+func (m *Model) step() tea.Cmd {
+	if !m.controllable() {
+		m.setMessage("single step refused: this dashboard is read-only (embedded, or attach to a --control server)", true)
+		return nil
+	}
+	if m.frozen != nil {
+		m.refreeze = true
+	}
+	m.setMessage("step", false)
+	return m.control(engine.Control{Op: engine.ControlStep, N: 1})
+}
+
+// Layout.
+const headerLines = 3
+
+// wideWidth is the width from which the requests and detail panels show the page map
+// beside them.
+const wideWidth = 150
+
+func (m *Model) bodySize() (int, int) {
+	h := m.height - headerLines - 2 // tabs and footer
+	if m.diverged != nil {
+		h--
+	}
+	return max(m.width, 20), max(h, 1)
+}
+
+// split returns the widths of the main panel and the page map beside it (0: none).
+func (m *Model) split() (int, int) {
+	w, _ := m.bodySize()
+	if w < wideWidth || (m.active != panelRequests && m.active != panelDetail) || m.showHelp {
+		return w, 0
+	}
+	side := w * 2 / 5
+	return w - side - 1, side
+}
+
+// refresh hands the drawn world to the visible panels, lets them render what changed, and
+// composes the frame. Everything View returns is built here.
+func (m *Model) refresh() {
+	w := m.drawn()
+	bw, bh := m.bodySize()
+	mainW, sideW := m.split()
+	sel := m.requests.selected()
+	switch m.active {
+	case panelRequests:
+		m.requests = m.requests.with(w, m.st, m.styleGen).SetSize(mainW, bh).Refresh()
+		sel = m.requests.selected()
+	case panelPages:
+		m.pagemap = m.pagemap.with(w, m.st, m.styleGen, sel).SetSize(bw, bh).Refresh()
+	case panelPrefix:
+		m.prefix = m.prefix.with(w, m.st, m.styleGen).SetSize(bw, bh).Refresh()
+	case panelSegments:
+		m.segments = m.segments.with(w, m.st, m.styleGen).SetSize(bw, bh).Refresh()
+	case panelEvents:
+		m.events = m.events.with(w, m.st, m.styleGen).SetSize(bw, bh).Refresh()
+	case panelDetail:
+		m.detail = m.detail.with(w, m.st, m.styleGen).SetSize(mainW, bh).Refresh()
+		sel = m.detail.id
+	}
+	if sideW > 0 {
+		m.pagemap = m.pagemap.with(w, m.st, m.styleGen, sel).SetSize(sideW, bh).Refresh()
+	}
+	m.refreshHeader(w)
+	m.compose()
+}
+
+func (m *Model) compose() {
+	var b strings.Builder
+	b.Grow(16 << 10)
+	b.WriteString(m.header)
+	b.WriteByte('\n')
+	if m.diverged != nil {
+		b.WriteString(fit(m.st.Error.Render("VIEW DIVERGED: "+m.diverged.Error()+" (a fresh snapshot was asked for)"), m.width))
+		b.WriteByte('\n')
+	}
+	b.WriteString(m.tabs())
+	b.WriteByte('\n')
+	_, bh := m.bodySize()
+	mainW, sideW := m.split()
+	var body string
+	switch {
+	case m.showHelp:
+		body = m.helpView()
+	case m.active == panelRequests:
+		body = m.requests.View()
+	case m.active == panelPages:
+		body = m.pagemap.View()
+	case m.active == panelPrefix:
+		body = m.prefix.View()
+	case m.active == panelSegments:
+		body = m.segments.View()
+	case m.active == panelEvents:
+		body = m.events.View()
+	case m.active == panelDetail:
+		body = m.detail.View()
+	}
+	if sideW > 0 {
+		body = besides(body, mainW, m.st.Dim.Render("│"), m.pagemap.View(), bh)
+	}
+	writeBlock(&b, body, bh)
+	b.WriteString(m.footer())
+	m.frame = b.String()
+}
+
+// writeBlock writes exactly h lines of s (cut or padded), each followed by a newline.
+func writeBlock(b *strings.Builder, s string, h int) {
+	n := 0
+	for line := range strings.SplitSeq(s, "\n") {
+		if n == h {
+			break
+		}
+		b.WriteString(line)
+		b.WriteByte('\n')
+		n++
+	}
+	for ; n < h; n++ {
+		b.WriteByte('\n')
+	}
+}
+
+// besides puts two blocks side by side, the left one padded to lw columns.
+func besides(left string, lw int, sep, right string, h int) string {
+	ls := strings.Split(left, "\n")
+	rs := strings.Split(right, "\n")
+	var b strings.Builder
+	for i := range h {
+		var l, r string
+		if i < len(ls) {
+			l = ls[i]
+		}
+		if i < len(rs) {
+			r = rs[i]
+		}
+		b.WriteString(l)
+		if pad := lw - ansi.StringWidth(l); pad > 0 {
+			b.WriteString(strings.Repeat(" ", pad))
+		}
+		b.WriteString(sep)
+		b.WriteString(r)
+		if i < h-1 {
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
+}
+
+func (m *Model) tabs() string {
+	var b strings.Builder
+	for i := range numPanels {
+		label := fmt.Sprintf(" %d %s ", i+1, panelNames[i])
+		if panelID(i) == m.active && !m.showHelp {
+			b.WriteString(m.st.TabActive.Render(label))
+		} else {
+			b.WriteString(m.st.Tab.Render(label))
+		}
+	}
+	return fit(b.String(), m.width)
+}
+
+func (m *Model) footer() string {
+	switch {
+	case m.filtering:
+		return fit("/"+m.filterBuf+"▏  enter keeps · esc clears · a leading ! inverts", m.width)
+	case m.message != "":
+		if m.messageErr {
+			return fit(m.st.Error.Render(m.message), m.width)
+		}
+		return fit(m.st.Footer.Render(m.message), m.width)
+	}
+	m.help.SetWidth(m.width)
+	return m.help.ShortHelpView(m.keys.ShortHelp())
+}
+
+func (m *Model) helpView() string {
+	var b strings.Builder
+	b.WriteString(m.st.Heading.Render("Keys"))
+	b.WriteString("\n")
+	b.WriteString(m.help.FullHelpView(m.keys.FullHelp()))
+	b.WriteString("\n\n")
+	b.WriteString(m.st.Heading.Render("Page map"))
+	b.WriteString("\n")
+	for s := range numPageStates {
+		b.WriteString(m.st.Cell[s].Render(m.st.Glyph[s]))
+		b.WriteString(" " + pageStateNames[s] + "  ")
+	}
+	b.WriteString("\n(a cell of several pages shows its most alarming state from awaiting KV on, else its most common)\n\n")
+	b.WriteString(m.st.Heading.Render("Request rows"))
+	b.WriteString("\n! stuck (blocked, prepared past the age limit, or leaked)   * has hazards\n")
+	b.WriteString("\nesc or ? closes this help.")
+	return b.String()
+}
+
+// fit cuts s to w columns.
+func fit(s string, w int) string {
+	if ansi.StringWidth(s) <= w {
+		return s
+	}
+	return ansi.Truncate(s, w, "…")
+}

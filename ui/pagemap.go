@@ -1,0 +1,405 @@
+package ui
+
+import (
+	"fmt"
+	"strings"
+
+	"charm.land/bubbles/v2/key"
+	tea "charm.land/bubbletea/v2"
+	"github.com/dustin/go-humanize"
+
+	"github.com/kvtop/kvtop/engine"
+)
+
+// pagesPanel is the page map: every page of the KV cache as a cell, several pages a cell
+// when they do not fit. The cursor selects a cell and the lines under the map say what its
+// pages are and who holds them; the selected request's pages are marked.
+type pagesPanel struct {
+	w        *world
+	st       *Styles
+	styleGen int
+	keys     KeyMap
+	sel      string // the selected request, whose pages are marked
+
+	width, height int
+	cursor        int // a page; the cursor is on the cell holding it
+
+	// cells are the pre-rendered cell strings: [state][plain, marked, cursor].
+	cells    [numPageStates][3]string
+	cellsGen int
+
+	// Derived per (world version, group size, selection).
+	cellState []pageState
+	marked    []bool
+	cellKey   struct {
+		ver   uint64
+		group int
+		sel   string
+	}
+	markCount int
+
+	out string
+	key renderKey
+}
+
+// pageLayout is where the grid goes for the panel's size.
+type pageLayout struct {
+	labelW     int
+	cols, rows int // of cells
+	group      int // pages a cell
+	cells      int
+	legend     int // lines
+}
+
+const pageInfoLines = 3
+
+func (p pagesPanel) with(w *world, st *Styles, gen int, sel string) pagesPanel {
+	p.w, p.st, p.styleGen, p.sel = w, st, gen, sel
+	if p.keys.Up.Keys() == nil {
+		p.keys = DefaultKeyMap()
+	}
+	return p
+}
+
+// SetSize sets the panel's size.
+func (p pagesPanel) SetSize(w, h int) pagesPanel {
+	p.width, p.height = w, h
+	return p
+}
+
+// View returns the rendered map.
+func (p pagesPanel) View() string { return p.out }
+
+func (p pagesPanel) numPages() int {
+	if p.w == nil || p.w.view == nil {
+		return 0
+	}
+	return p.w.view.Cache().NumPages()
+}
+
+func (p pagesPanel) layout() pageLayout {
+	n := p.numPages()
+	l := pageLayout{labelW: 7, legend: 2}
+	if p.width < 40 {
+		l.labelW = 0
+	}
+	if p.width-l.labelW >= 100 {
+		l.legend = 1
+	}
+	gw := max(p.width-l.labelW, 1)
+	gh := max(p.height-1-l.legend-pageInfoLines, 1)
+	switch {
+	case gw >= 64:
+		gw -= gw % 16
+	case gw >= 16:
+		gw -= gw % 8
+	}
+	l.group = max((n+gw*gh-1)/max(gw*gh, 1), 1)
+	l.cells = (n + l.group - 1) / l.group
+	l.cols = gw
+	l.rows = (l.cells + gw - 1) / gw
+	return l
+}
+
+// Update moves the cursor over the cells.
+func (p pagesPanel) Update(msg tea.Msg) (pagesPanel, tea.Cmd) {
+	k, ok := msg.(tea.KeyPressMsg)
+	n := p.numPages()
+	if !ok || n == 0 {
+		return p, nil
+	}
+	l := p.layout()
+	step := l.group
+	switch {
+	case key.Matches(k, p.keys.Left):
+		p.cursor -= step
+	case key.Matches(k, p.keys.Right):
+		p.cursor += step
+	case key.Matches(k, p.keys.Up):
+		p.cursor -= step * l.cols
+	case key.Matches(k, p.keys.Down):
+		p.cursor += step * l.cols
+	case key.Matches(k, p.keys.PageUp):
+		p.cursor -= step * l.cols * max(l.rows/2, 1)
+	case key.Matches(k, p.keys.PageDown):
+		p.cursor += step * l.cols * max(l.rows/2, 1)
+	case key.Matches(k, p.keys.Home):
+		p.cursor = 0
+	case key.Matches(k, p.keys.End):
+		p.cursor = n - 1
+	}
+	p.cursor = min(max(p.cursor, 0), n-1)
+	return p, nil
+}
+
+// Refresh re-derives the cells when the data changed and renders when anything drawn did.
+func (p pagesPanel) Refresh() pagesPanel {
+	if p.w == nil {
+		return p
+	}
+	if p.cellsGen != p.styleGen || p.cells[0][0] == "" {
+		p.cellsGen = p.styleGen
+		for s := range numPageStates {
+			g := p.st.Glyph[s]
+			p.cells[s] = [3]string{p.st.Cell[s].Render(g), p.st.CellMark[s].Render(g), p.st.CellCursor[s].Render(g)}
+		}
+	}
+	n := p.numPages()
+	p.cursor = min(max(p.cursor, 0), max(n-1, 0))
+	l := p.layout()
+	if p.w.view != nil {
+		ck := p.cellKey
+		ck.ver, ck.group, ck.sel = p.w.ver, l.group, p.sel
+		if ck != p.cellKey || p.cellState == nil {
+			p.cellKey = ck
+			p.deriveCells(l)
+		}
+	}
+	k := renderKey{ver: p.w.ver, width: p.width, height: p.height, pos: p.cursor, styleGen: p.styleGen, extra: p.sel}
+	if k != p.key || p.out == "" {
+		p.key = k
+		p.out = p.render(l)
+	}
+	return p
+}
+
+// groupState is the state a cell of several pages shows: the most alarming one from
+// pgAwaiting on when present, else the most common.
+func groupState(count *[numPageStates]int) pageState {
+	for s := numPageStates - 1; s >= pgAwaiting; s-- {
+		if count[s] > 0 {
+			return s
+		}
+	}
+	best := pgFree
+	for s := pgFree; s < pgAwaiting; s++ {
+		if count[s] > count[best] {
+			best = s
+		}
+	}
+	return best
+}
+
+func (p *pagesPanel) deriveCells(l pageLayout) {
+	pd := p.w.pages()
+	n := len(pd.state)
+	if cap(p.cellState) < l.cells {
+		p.cellState = make([]pageState, l.cells)
+		p.marked = make([]bool, l.cells)
+	}
+	p.cellState = p.cellState[:l.cells]
+	p.marked = p.marked[:l.cells]
+	clear(p.marked)
+	if l.group == 1 {
+		copy(p.cellState, pd.state)
+	} else {
+		for c := range l.cells {
+			var count [numPageStates]int
+			for pg := c * l.group; pg < min((c+1)*l.group, n); pg++ {
+				count[pd.state[pg]]++
+			}
+			p.cellState[c] = groupState(&count)
+		}
+	}
+	p.markCount = 0
+	v := p.w.view
+	if r, ok := v.Request(p.sel); ok && r.Seq >= 0 {
+		if id, ok := v.Owner(r.Seq); ok && id == r.ID {
+			pgs, _ := v.Cache().SequencePages(r.Seq, nil)
+			p.markCount = len(pgs)
+			for _, pg := range pgs {
+				p.marked[int(pg)/l.group] = true
+			}
+		}
+	}
+}
+
+func (p pagesPanel) render(l pageLayout) string {
+	st := p.st
+	var b strings.Builder
+	v := p.w.view
+	if v == nil {
+		return st.Dim.Render("waiting for the first snapshot…")
+	}
+	pd := p.w.pages()
+	c := v.Cache()
+	n := c.NumPages()
+	title := fmt.Sprintf(" %s pages of %d slots · %s used", humanize.Comma(int64(n)), c.PageSize(), humanize.Comma(int64(n-c.NumAvailablePages())))
+	if l.group > 1 {
+		title += fmt.Sprintf(" · 1 cell = %d pages", l.group)
+	}
+	if p.sel != "" && p.markCount > 0 {
+		title += fmt.Sprintf(" · %s's %d pages marked", p.sel, p.markCount)
+	}
+	b.WriteString(st.Heading.Render("Pages"))
+	b.WriteString(fit(title, p.width-5))
+	b.WriteByte('\n')
+
+	// Legend with counts: glyph, name, pages.
+	var lg strings.Builder
+	lines := 1
+	lw := 0
+	for s := range numPageStates {
+		item := fmt.Sprintf(" %s %s  ", pageStateNames[s], humanize.Comma(int64(pd.count[s])))
+		w := 1 + len([]rune(item))
+		if lw+w > p.width && lw > 0 && lines < l.legend {
+			lg.WriteByte('\n')
+			lines++
+			lw = 0
+		}
+		lg.WriteString(p.cells[s][0])
+		lg.WriteString(item)
+		lw += w
+	}
+	for ; lines < l.legend; lines++ {
+		lg.WriteByte('\n')
+	}
+	b.WriteString(lg.String())
+
+	curCell := p.cursor / l.group
+	for row := range l.rows {
+		b.WriteByte('\n')
+		if l.labelW > 0 {
+			fmt.Fprintf(&b, "%6d ", row*l.cols*l.group)
+		}
+		for col := range l.cols {
+			cell := row*l.cols + col
+			if cell >= l.cells {
+				break
+			}
+			s := p.cellState[cell]
+			switch {
+			case cell == curCell:
+				b.WriteString(p.cells[s][2])
+			case p.marked[cell]:
+				b.WriteString(p.cells[s][1])
+			default:
+				b.WriteString(p.cells[s][0])
+			}
+		}
+	}
+	gh := max(p.height-1-l.legend-pageInfoLines, 1)
+	for i := l.rows; i < gh; i++ {
+		b.WriteByte('\n')
+	}
+	for _, line := range p.info(l) {
+		b.WriteByte('\n')
+		b.WriteString(fit(line, p.width))
+	}
+	return b.String()
+}
+
+// info describes the cell under the cursor: the mix of a group, then the page's block,
+// its sequences and their requests, and the reserved run it lies in.
+func (p pagesPanel) info(l pageLayout) []string {
+	v := p.w.view
+	pd := p.w.pages()
+	c := v.Cache()
+	ps := c.PageSize()
+	var out []string
+	first := p.cursor / l.group * l.group
+	last := min(first+l.group, c.NumPages()) - 1
+	page := int32(p.cursor)
+	if l.group > 1 {
+		var count [numPageStates]int
+		for pg := first; pg <= last; pg++ {
+			count[pd.state[pg]]++
+		}
+		var mix []string
+		for s := range numPageStates {
+			if count[s] > 0 {
+				mix = append(mix, fmt.Sprintf("%d %s", count[s], pageStateNames[s]))
+			}
+		}
+		out = append(out, fmt.Sprintf("pages %d–%d: %s", first, last, strings.Join(mix, ", ")))
+		// Describe the first page of the group that is in use, if any.
+		for pg := first; pg <= last; pg++ {
+			if pd.state[pg] != pgFree {
+				page = int32(pg)
+				break
+			}
+		}
+	}
+	s := pd.state[page]
+	head := fmt.Sprintf("page %d · slots %d–%d · %s", page, int(page)*ps, int(page)*ps+ps-1, pageStateNames[s])
+	b, ok := pd.block(page, c)
+	if !ok {
+		return append(out, head)
+	}
+	idx := 0
+	for i, pg := range b.Pages {
+		if pg == page {
+			idx = i
+		}
+	}
+	tok0 := b.Start + idx*ps
+	tok1 := min(b.Start+b.Length, tok0+ps) - 1
+	head += fmt.Sprintf(" · block %d, tokens %d–%d of its sequences", b.ID, tok0, tok1)
+	out = append(out, head)
+	var owners []string
+	rec := make(map[int64]bool)
+	for _, s := range v.Recycling() {
+		rec[s] = true
+	}
+	for i, seq := range b.Seqs {
+		if i == 4 {
+			owners = append(owners, fmt.Sprintf("+%d more", len(b.Seqs)-4))
+			break
+		}
+		o := fmt.Sprintf("seq %d", seq)
+		if id, ok := v.Owner(seq); ok {
+			o += " " + id
+			if r, ok := v.Request(id); ok && r.Seq == seq {
+				o += " (" + r.State.String()
+				if r.Leaked {
+					o += ", leaked"
+				}
+				o += ")"
+			}
+		}
+		if rec[seq] {
+			o += " recycling"
+		}
+		owners = append(owners, o)
+	}
+	line := "used by " + strings.Join(owners, ", ")
+	// The reserved run the page lies in, for a prepared owner.
+	for _, seq := range b.Seqs {
+		r, ok := ownerOf(v, seq)
+		if !ok || len(r.Runs) == 0 || r.Seq != seq {
+			continue
+		}
+		for i, run := range r.Runs[0] {
+			if int64(page) >= run.Start/int64(ps) && int64(page) <= (run.End()-1)/int64(ps) {
+				got := 0
+				if i < len(r.RunReceived) {
+					got = r.RunReceived[i]
+				}
+				line += fmt.Sprintf(" · %s's run %d+%d: %d/%d received", r.ID, run.Start, run.Len, got, run.Len)
+			}
+		}
+	}
+	return append(out, line)
+}
+
+// ownerAtCursor returns the request holding the page under the cursor.
+func (p pagesPanel) ownerAtCursor() string {
+	if p.w == nil || p.w.view == nil {
+		return ""
+	}
+	v := p.w.view
+	b, ok := p.w.pages().block(int32(p.cursor), v.Cache())
+	if !ok {
+		return ""
+	}
+	for _, seq := range b.Seqs {
+		if id, ok := v.Owner(seq); ok {
+			if _, ok := v.Request(id); ok {
+				return id
+			}
+		}
+	}
+	return ""
+}
+
+var _ = engine.PageList

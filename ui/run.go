@@ -1,0 +1,60 @@
+package ui
+
+import (
+	"context"
+	"errors"
+	"os"
+
+	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/colorprofile"
+
+	"github.com/kvtop/kvtop/engine"
+)
+
+// Options configure the dashboard.
+type Options struct {
+	// Name is the instance shown in the header; empty: the source's Link().Name.
+	Name string
+	// Control says the dashboard may pause, resume and step the engine (embedded, or
+	// attached to a --control server). Without it, pause only freezes the dashboard's own
+	// view and single steps are refused with a message. A Status from the source saying
+	// the viewer may not control the engine overrides it.
+	Control bool
+	// Profile forces a colour profile. Unknown (the zero value) detects it from the
+	// terminal and the environment, NO_COLOR included. colorprofile.ASCII or NoTTY draws
+	// without colour; colorprofile.ANSI with the 16 colours.
+	Profile colorprofile.Profile
+	// NoColor draws without colour whatever the terminal can do.
+	NoColor bool
+	// Light selects the styles for a light background before the terminal has told its
+	// colour (and where it never does).
+	Light bool
+	// Mouse turns the mouse wheel on for scrolling.
+	Mouse bool
+	// FPS caps how often data changes are drawn (default 25).
+	FPS int
+	// EventLog bounds the event log (default 2048 events).
+	EventLog int
+	// OnUpdate, when set, is called with every update taken from the source, before it is
+	// folded into the view (for --record). It runs on the dashboard's goroutine: it must
+	// not block.
+	OnUpdate func(engine.Update)
+}
+
+// Run runs the dashboard on the terminal (alternate screen) until the user quits, ctx is
+// done or the program fails. It closes src when it returns.
+func Run(ctx context.Context, src Source, opts Options) error {
+	defer src.Close()
+	var popts []tea.ProgramOption
+	popts = append(popts, tea.WithContext(ctx))
+	if opts.Profile == colorprofile.Unknown {
+		opts.Profile = colorprofile.Detect(os.Stdout, os.Environ())
+	}
+	popts = append(popts, tea.WithColorProfile(opts.Profile))
+	m := New(src, opts)
+	_, err := tea.NewProgram(m, popts...).Run()
+	if errors.Is(err, tea.ErrProgramKilled) && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}

@@ -1,0 +1,154 @@
+package ui
+
+import (
+	"image/color"
+
+	"charm.land/bubbles/v2/help"
+	"charm.land/lipgloss/v2"
+)
+
+// Styles is every style the dashboard draws with. Views only use these (never
+// lipgloss.NewStyle), and the page map pre-renders its few cell strings from them once per
+// Styles, so a frame of thousands of cells costs string joins, not Style.Render calls.
+//
+// Colour is never the only signal: every state that a colour tells apart also has its own
+// glyph or marker, so PlainStyles (NO_COLOR) loses nothing but the colour.
+type Styles struct {
+	Title     lipgloss.Style // the app name in the header
+	Label     lipgloss.Style // "pages", "requests" …
+	Value     lipgloss.Style // numbers
+	Dim       lipgloss.Style
+	Good      lipgloss.Style
+	Warn      lipgloss.Style
+	Bad       lipgloss.Style
+	Paused    lipgloss.Style // the PAUSED badge
+	Frozen    lipgloss.Style // the dashboard's own frozen-view badge
+	Hazard    lipgloss.Style // hazard counts and rows in the event log
+	TabActive lipgloss.Style
+	Tab       lipgloss.Style
+	Heading   lipgloss.Style // table headings
+	Cursor    lipgloss.Style // the selected row
+	Stuck     lipgloss.Style // a stuck request's row
+	Hazardous lipgloss.Style // a request with hazards
+	Path      lipgloss.Style // the last prefix match path
+	BarUsed   lipgloss.Style
+	BarFree   lipgloss.Style
+	Pass      lipgloss.Style // an admission predicate that holds
+	Fail      lipgloss.Style // the one that failed
+	Footer    lipgloss.Style
+	Error     lipgloss.Style
+	// Cell styles a page of each state; CellMark a page of the selected request; CellCursor
+	// the page map's cursor.
+	Cell       [numPageStates]lipgloss.Style
+	CellMark   [numPageStates]lipgloss.Style
+	CellCursor [numPageStates]lipgloss.Style
+	// Glyph tells the page states apart without colour.
+	Glyph [numPageStates]string
+	Help  help.Styles
+}
+
+// glyphs are the page map's cells: distinct shapes, so the map reads without colour.
+var glyphs = [numPageStates]string{
+	pgFree:      "·",
+	pgActive:    "█",
+	pgShared:    "▓",
+	pgRecycling: "○",
+	pgAwaiting:  "□",
+	pgPartial:   "◧",
+	pgLeaked:    "!",
+}
+
+// DefaultStyles returns the coloured styles for a dark or light background. The colours
+// are the 16 ANSI ones and a few of the 256, which the renderer degrades to what the
+// terminal has.
+func DefaultStyles(isDark bool) Styles {
+	ld := lipgloss.LightDark(isDark)
+	c := func(s string) color.Color { return lipgloss.Color(s) }
+	dim := ld(c("244"), c("245"))
+	cursorBG := ld(c("253"), c("237"))
+	base := lipgloss.NewStyle()
+	s := Styles{
+		Title:     base.Bold(true).Foreground(ld(c("5"), c("13"))),
+		Label:     base.Foreground(dim),
+		Value:     base.Bold(true),
+		Dim:       base.Foreground(dim),
+		Good:      base.Foreground(ld(c("2"), c("10"))),
+		Warn:      base.Foreground(ld(c("3"), c("11"))),
+		Bad:       base.Bold(true).Foreground(ld(c("1"), c("9"))),
+		Paused:    base.Bold(true).Reverse(true).Foreground(ld(c("3"), c("11"))),
+		Frozen:    base.Bold(true).Reverse(true).Foreground(ld(c("6"), c("14"))),
+		Hazard:    base.Bold(true).Foreground(ld(c("5"), c("13"))),
+		TabActive: base.Bold(true).Reverse(true),
+		Tab:       base.Foreground(dim),
+		Heading:   base.Bold(true).Underline(true),
+		Cursor:    base.Background(cursorBG).Bold(true),
+		Stuck:     base.Foreground(ld(c("1"), c("9"))),
+		Hazardous: base.Foreground(ld(c("5"), c("13"))),
+		Path:      base.Bold(true).Foreground(ld(c("3"), c("11"))),
+		BarUsed:   base.Foreground(ld(c("2"), c("10"))),
+		BarFree:   base.Foreground(dim),
+		Pass:      base.Foreground(ld(c("2"), c("10"))),
+		Fail:      base.Bold(true).Foreground(ld(c("1"), c("9"))),
+		Footer:    base.Foreground(dim),
+		Error:     base.Bold(true).Foreground(ld(c("1"), c("9"))),
+		Glyph:     glyphs,
+		Help:      help.DefaultStyles(isDark),
+	}
+	cell := [numPageStates]color.Color{
+		pgFree:      dim,
+		pgActive:    ld(c("2"), c("10")),
+		pgShared:    ld(c("6"), c("14")),
+		pgRecycling: ld(c("4"), c("12")),
+		pgAwaiting:  ld(c("3"), c("11")),
+		pgPartial:   ld(c("208"), c("214")),
+		pgLeaked:    ld(c("1"), c("9")),
+	}
+	for i, fg := range cell {
+		s.Cell[i] = base.Foreground(fg)
+		s.CellMark[i] = base.Foreground(fg).Reverse(true)
+		s.CellCursor[i] = base.Foreground(ld(c("0"), c("0"))).Background(ld(c("5"), c("13"))).Bold(true)
+	}
+	return s
+}
+
+// PlainStyles returns styles without colour, for NO_COLOR and terminals without colour:
+// bold, underline and reverse video only. Page states stay apart by their glyphs.
+func PlainStyles() Styles {
+	base := lipgloss.NewStyle()
+	s := Styles{
+		Title:     base.Bold(true),
+		Label:     base,
+		Value:     base.Bold(true),
+		Dim:       base,
+		Good:      base,
+		Warn:      base.Bold(true),
+		Bad:       base.Bold(true),
+		Paused:    base.Bold(true).Reverse(true),
+		Frozen:    base.Bold(true).Reverse(true),
+		Hazard:    base.Bold(true),
+		TabActive: base.Bold(true).Reverse(true),
+		Tab:       base,
+		Heading:   base.Bold(true).Underline(true),
+		Cursor:    base.Reverse(true),
+		Stuck:     base.Bold(true),
+		Hazardous: base.Bold(true),
+		Path:      base.Bold(true).Underline(true),
+		BarUsed:   base,
+		BarFree:   base,
+		Pass:      base,
+		Fail:      base.Bold(true),
+		Footer:    base,
+		Error:     base.Bold(true),
+		Glyph:     glyphs,
+	}
+	for i := range s.Cell {
+		s.Cell[i] = base
+		s.CellMark[i] = base.Reverse(true)
+		s.CellCursor[i] = base.Reverse(true).Underline(true).Bold(true)
+	}
+	s.Help = help.Styles{
+		Ellipsis: base, ShortKey: base.Bold(true), ShortDesc: base, ShortSeparator: base,
+		FullKey: base.Bold(true), FullDesc: base, FullSeparator: base,
+	}
+	return s
+}
