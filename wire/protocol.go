@@ -1,0 +1,232 @@
+package wire
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/kvtop/kvtop/engine"
+)
+
+// Version is the stream protocol's version. A client and a server of different versions
+// refuse each other at the hello, so bump it for any change a reader of the old version
+// would misread: a new event kind, a new frame type, a field whose meaning changes.
+//
+// History:
+//
+//	1: hello, snapshot, events, dropped, status, error; the client sends snapshot, pause,
+//	   resume, step.
+const Version = 1
+
+// The frame types. The server sends hello first, then snapshot, then any of the others;
+// a client sends only the control types.
+const (
+	FrameHello    = "hello"
+	FrameSnapshot = "snapshot"
+	FrameEvents   = "events"
+	FrameDropped  = "dropped"
+	FrameStatus   = "status"
+	FrameError    = "error"
+)
+
+// ErrProtocol is returned for a frame or a message that does not follow the protocol.
+var ErrProtocol = errors.New("wire: protocol error")
+
+// Frame is one websocket message from the server. Type says which of the other fields is
+// set. Snapshot and events frames carry Seq, which increases by exactly one from frame to
+// frame on a connection: a client that sees a gap asks for a snapshot.
+type Frame struct {
+	Type     string           `json:"type"`
+	Seq      uint64           `json:"seq,omitempty"`
+	Hello    *Hello           `json:"hello,omitempty"`
+	Snapshot *engine.Snapshot `json:"snapshot,omitempty"`
+	Events   []engine.Event   `json:"-"` // encoded by EncodeFrame as "events"
+	Dropped  *Dropped         `json:"dropped,omitempty"`
+	Status   *engine.Status   `json:"status,omitempty"`
+	Error    *ErrorBody       `json:"error,omitempty"`
+}
+
+// Hello is the first frame on a stream.
+type Hello struct {
+	Protocol int           `json:"protocol"`
+	Server   string        `json:"server"` // "kvtop 0.1.0"
+	Config   engine.Config `json:"config"`
+	// Control says whether this client may pause, resume and step the engine.
+	Control bool `json:"control"`
+	// PingIntervalMs is how often the server pings; a client that hears nothing for a few
+	// intervals can assume the connection is dead.
+	PingIntervalMs int64 `json:"ping_interval_ms"`
+	// MaxMessageBytes is the largest message the server reads from the client.
+	MaxMessageBytes int64 `json:"max_message_bytes"`
+}
+
+// Dropped tells a client it fell behind: Count events were thrown away since the last
+// notice (Total since it connected), and a fresh snapshot follows.
+type Dropped struct {
+	Count uint64 `json:"count"`
+	Total uint64 `json:"total"`
+}
+
+// ErrorBody is the body of every error: the "error" object of an HTTP error answer and of
+// an error frame. Type is a stable snake_case name a program can match; Message says what
+// was wrong, for a person.
+type ErrorBody struct {
+	Message string `json:"message"`
+	Type    string `json:"type"`
+}
+
+// The client's messages: {"type": "snapshot"}, {"type": "pause"}, {"type": "resume"},
+// {"type": "step", "n": 3}. The control ones are refused with an error frame unless the
+// server runs with control on.
+type clientMessage struct {
+	Type string `json:"type"`
+	N    int    `json:"n,omitempty"`
+}
+
+// EncodeFrame appends f's JSON to buf. Events are written as objects with their kind first
+// ({"kind": "request_arrived", "step": 3, ...}), which DecodeEvent reads back.
+func EncodeFrame(buf *bytes.Buffer, f *Frame) error {
+	if f.Type != FrameEvents {
+		b, err := json.Marshal(f)
+		if err != nil {
+			return fmt.Errorf("wire: encode %s frame: %w", f.Type, err)
+		}
+		buf.Write(b)
+		return nil
+	}
+	var enc eventEncoder
+	return enc.frame(buf, f.Seq, f.Events)
+}
+
+// DecodeFrame parses a server frame, events included.
+func DecodeFrame(b []byte) (*Frame, error) {
+	var raw struct {
+		Frame
+		Events []json.RawMessage `json:"events"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return nil, fmt.Errorf("%w: frame: %v", ErrProtocol, err)
+	}
+	f := raw.Frame
+	var missing bool
+	switch f.Type {
+	case FrameHello:
+		missing = f.Hello == nil
+	case FrameSnapshot:
+		missing = f.Snapshot == nil
+	case FrameEvents:
+		f.Events = make([]engine.Event, 0, len(raw.Events))
+		for i, r := range raw.Events {
+			ev, err := DecodeEvent(r)
+			if err != nil {
+				return nil, fmt.Errorf("event %d of frame %d: %w", i, f.Seq, err)
+			}
+			f.Events = append(f.Events, ev)
+		}
+	case FrameDropped:
+		missing = f.Dropped == nil
+	case FrameStatus:
+		missing = f.Status == nil
+	case FrameError:
+		missing = f.Error == nil
+	default:
+		return nil, fmt.Errorf("%w: unknown frame type %q", ErrProtocol, f.Type)
+	}
+	if missing {
+		return nil, fmt.Errorf("%w: %s frame without its %q field", ErrProtocol, f.Type, f.Type)
+	}
+	return &f, nil
+}
+
+// EncodeEvent returns an event's JSON: its fields, with "kind" first.
+func EncodeEvent(ev engine.Event) ([]byte, error) {
+	var enc eventEncoder
+	var buf bytes.Buffer
+	if err := enc.event(&buf, ev); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// DecodeEvent parses an event written by EncodeEvent (or any JSON object with a "kind" and
+// the event's fields) into the engine's value type.
+func DecodeEvent(b []byte) (engine.Event, error) {
+	kind, ok := leadingKind(b)
+	if !ok {
+		var k struct {
+			Kind string `json:"kind"`
+		}
+		if err := json.Unmarshal(b, &k); err != nil {
+			return nil, fmt.Errorf("%w: event: %v", ErrProtocol, err)
+		}
+		kind = k.Kind
+	}
+	ev, ok := engine.NewEvent(kind)
+	if !ok {
+		return nil, fmt.Errorf("%w: unknown event kind %q", ErrProtocol, kind)
+	}
+	if err := json.Unmarshal(b, ev); err != nil {
+		return nil, fmt.Errorf("%w: %s event: %v", ErrProtocol, kind, err)
+	}
+	return engine.Deref(ev), nil
+}
+
+// leadingKind reads the kind of an event that starts {"kind":"…", as the encoder writes
+// it, without parsing the rest twice.
+func leadingKind(b []byte) (string, bool) {
+	const prefix = `{"kind":"`
+	if !bytes.HasPrefix(b, []byte(prefix)) {
+		return "", false
+	}
+	rest := b[len(prefix):]
+	i := bytes.IndexByte(rest, '"')
+	if i <= 0 || bytes.IndexByte(rest[:i], '\\') >= 0 {
+		return "", false
+	}
+	return string(rest[:i]), true
+}
+
+// eventEncoder writes events with a reused scratch buffer: one allocation-light pass per
+// event, the kind spliced in front of the event's own fields.
+type eventEncoder struct {
+	scratch bytes.Buffer
+	enc     *json.Encoder
+}
+
+func (e *eventEncoder) event(buf *bytes.Buffer, ev engine.Event) error {
+	if e.enc == nil {
+		e.enc = json.NewEncoder(&e.scratch)
+		e.enc.SetEscapeHTML(false)
+	}
+	e.scratch.Reset()
+	if err := e.enc.Encode(ev); err != nil {
+		return fmt.Errorf("wire: encode %s event: %w", ev.Kind(), err)
+	}
+	body := bytes.TrimRight(e.scratch.Bytes(), "\n")
+	if len(body) < 2 || body[0] != '{' {
+		return fmt.Errorf("wire: encode %s event: not a JSON object", ev.Kind())
+	}
+	buf.WriteString(`{"kind":"`)
+	buf.WriteString(ev.Kind())
+	buf.WriteByte('"')
+	if len(body) > 2 { // not {}
+		buf.WriteByte(',')
+	}
+	buf.Write(body[1:])
+	return nil
+}
+
+func (e *eventEncoder) frame(buf *bytes.Buffer, seq uint64, evs []engine.Event) error {
+	fmt.Fprintf(buf, `{"type":"events","seq":%d,"events":[`, seq)
+	for i, ev := range evs {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		if err := e.event(buf, ev); err != nil {
+			return err
+		}
+	}
+	buf.WriteString("]}")
+	return nil
+}

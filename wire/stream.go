@@ -1,0 +1,243 @@
+package wire
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/kvtop/kvtop/engine"
+)
+
+// StreamPath is where the websocket stream is served.
+const StreamPath = "/v1/stream"
+
+var upgrader = websocket.Upgrader{
+	ReadBufferSize:  4 << 10,
+	WriteBufferSize: 64 << 10,
+	// Large writes go out in 64 KiB frames from pooled buffers: few syscalls, and an idle
+	// connection holds no buffer.
+	WriteBufferPool: &sync.Pool{},
+	CheckOrigin:     sameOrigin,
+}
+
+func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
+	if !sameOrigin(r) {
+		return errorf(http.StatusForbidden, errForbidden, "stream: cross-origin websocket handshake from %q refused (this host is %q)", r.Header.Get("Origin"), r.Host)
+	}
+	if !websocket.IsWebSocketUpgrade(r) {
+		return errorf(http.StatusBadRequest, errInvalidRequest, "stream: %s is a websocket; connect with a websocket client such as kvtop --attach", StreamPath)
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return errorf(http.StatusServiceUnavailable, errUnavailable, "stream: the server is shutting down")
+	}
+	s.conns.Add(1)
+	s.mu.Unlock()
+	defer s.conns.Done()
+	conn, err := upgrader.Upgrade(w, r, nil)
+	if err != nil {
+		s.logf("stream: upgrade from %s: %v", r.RemoteAddr, err) // the upgrader answered
+		return nil
+	}
+	c := &streamConn{s: s, conn: conn, errs: make(chan ErrorBody, 16), readDone: make(chan struct{})}
+	c.serve()
+	return nil
+}
+
+// streamConn is one stream client: a subscription read by the handler's goroutine, which
+// alone writes frames, and a reader goroutine for the client's messages and pongs.
+type streamConn struct {
+	s        *Server
+	conn     *websocket.Conn
+	sub      source
+	errs     chan ErrorBody // replies for the writer, from the reader
+	readDone chan struct{}
+
+	seq      uint64 // of the last snapshot or events frame
+	reported uint64 // dropped events already told
+	hello    bool
+	buf      bytes.Buffer
+	enc      eventEncoder
+}
+
+func (c *streamConn) serve() {
+	s, lim := c.s, c.s.lim
+	c.sub = s.subscribe()
+	s.metrics.clients.Add(1)
+	defer func() {
+		c.sub.Close()
+		c.conn.Close()
+		<-c.readDone
+		s.metrics.clients.Add(-1)
+	}()
+	c.conn.SetReadLimit(lim.MaxMessageBytes)
+	alive := func() { c.conn.SetReadDeadline(time.Now().Add(2 * lim.PingInterval)) }
+	alive()
+	c.conn.SetPongHandler(func(string) error { alive(); return nil })
+	go c.read(alive)
+	// Closing the server ends the connection even while a write to a client that does not
+	// read is blocked.
+	stop := context.AfterFunc(s.ctx, func() {
+		c.close(websocket.CloseGoingAway, "server shutting down")
+		c.conn.Close()
+	})
+	defer stop()
+	ping := time.NewTicker(lim.PingInterval)
+	defer ping.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-c.readDone:
+			return
+		case eb := <-c.errs:
+			if err := c.write(&Frame{Type: FrameError, Error: &eb}); err != nil {
+				return
+			}
+		case <-ping.C:
+			if err := c.conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(lim.WriteTimeout)); err != nil {
+				s.logf("stream: ping %s: %v", c.conn.RemoteAddr(), err)
+				return
+			}
+		case _, ok := <-c.sub.C():
+			if !ok {
+				c.close(websocket.CloseGoingAway, "engine stopped")
+				return
+			}
+			if err := c.send(c.sub.Take()); err != nil {
+				s.logf("stream: %s: %v", c.conn.RemoteAddr(), err)
+				return
+			}
+		}
+	}
+}
+
+// send writes an update as frames: a drop notice, the snapshot, the status, then the events
+// in frames of at most FrameEvents.
+func (c *streamConn) send(u engine.Update) error {
+	s := c.s
+	if !c.hello {
+		if u.Snapshot == nil {
+			return fmt.Errorf("the first update has no snapshot")
+		}
+		c.hello = true
+		if err := c.write(&Frame{Type: FrameHello, Hello: &Hello{
+			Protocol: Version, Server: s.opts.Version, Config: u.Snapshot.Config, Control: s.opts.Control,
+			PingIntervalMs: s.lim.PingInterval.Milliseconds(), MaxMessageBytes: s.lim.MaxMessageBytes,
+		}}); err != nil {
+			return err
+		}
+	}
+	if u.Dropped > c.reported {
+		d := &Dropped{Count: u.Dropped - c.reported, Total: u.Dropped}
+		c.reported = u.Dropped
+		s.metrics.droppedEvents.Add(int64(d.Count))
+		if err := c.write(&Frame{Type: FrameDropped, Dropped: d}); err != nil {
+			return err
+		}
+	}
+	if u.Snapshot != nil {
+		if c.seq > 0 {
+			s.metrics.resyncs.Add(1)
+		}
+		c.seq++
+		if err := c.write(&Frame{Type: FrameSnapshot, Seq: c.seq, Snapshot: u.Snapshot}); err != nil {
+			return err
+		}
+	}
+	if u.Status != nil {
+		st := *u.Status
+		st.Controllable = s.opts.Control
+		if err := c.write(&Frame{Type: FrameStatus, Status: &st}); err != nil {
+			return err
+		}
+	}
+	for evs := u.Events; len(evs) > 0; {
+		n := min(len(evs), s.lim.FrameEvents)
+		c.seq++
+		if err := c.write(&Frame{Type: FrameEvents, Seq: c.seq, Events: evs[:n]}); err != nil {
+			return err
+		}
+		s.metrics.sentEvents.Add(int64(n))
+		evs = evs[n:]
+	}
+	return nil
+}
+
+// write encodes a frame and writes it as one message, within the write timeout.
+func (c *streamConn) write(f *Frame) error {
+	c.buf.Reset()
+	var err error
+	if f.Type == FrameEvents {
+		err = c.enc.frame(&c.buf, f.Seq, f.Events)
+	} else {
+		err = EncodeFrame(&c.buf, f)
+	}
+	if err != nil {
+		return err
+	}
+	c.conn.SetWriteDeadline(time.Now().Add(c.s.lim.WriteTimeout))
+	if err := c.conn.WriteMessage(websocket.TextMessage, c.buf.Bytes()); err != nil {
+		return fmt.Errorf("write %s frame: %w", f.Type, err)
+	}
+	if c.buf.Cap() > 16<<20 {
+		c.buf = bytes.Buffer{} // do not hold on to a huge snapshot's buffer
+	}
+	return nil
+}
+
+func (c *streamConn) close(code int, text string) {
+	msg := websocket.FormatCloseMessage(code, text)
+	_ = c.conn.WriteControl(websocket.CloseMessage, msg, time.Now().Add(time.Second))
+}
+
+// read handles the client's messages until the connection fails: a resync, or a control
+// when the server allows it. Replies go to the writer.
+func (c *streamConn) read(alive func()) {
+	defer close(c.readDone)
+	for {
+		_, data, err := c.conn.ReadMessage()
+		if err != nil {
+			return
+		}
+		alive()
+		if eb := c.handle(data); eb != nil {
+			select {
+			case c.errs <- *eb:
+			default: // a client flooding bad messages loses replies, not the server
+			}
+		}
+	}
+}
+
+func (c *streamConn) handle(data []byte) *ErrorBody {
+	var m clientMessage
+	if err := json.Unmarshal(data, &m); err != nil {
+		return &ErrorBody{Type: errInvalidJSON, Message: fmt.Sprintf("stream: malformed message: %v", err)}
+	}
+	switch engine.ControlOp(m.Type) {
+	case engine.ControlSnapshot:
+		c.sub.Resync()
+		return nil
+	case engine.ControlPause, engine.ControlResume, engine.ControlStep:
+		if !c.s.opts.Control {
+			return &ErrorBody{Type: "read_only", Message: fmt.Sprintf("stream: %s: this server is read-only; start kvtop serve with --control to allow pause, resume and step", m.Type)}
+		}
+		ctl := engine.Control{Op: engine.ControlOp(m.Type), N: m.N}
+		if err := ctl.Validate(); err != nil {
+			return &ErrorBody{Type: errInvalidRequest, Message: "stream: " + err.Error()}
+		}
+		if err := c.s.r.Control(ctl); err != nil {
+			return &ErrorBody{Type: classify(err).typ, Message: "stream: " + err.Error()}
+		}
+		return nil
+	}
+	return &ErrorBody{Type: errInvalidRequest, Message: fmt.Sprintf("stream: unknown message type %q; want snapshot, pause, resume or step", m.Type)}
+}
