@@ -210,7 +210,9 @@ func (h *harness) pause() {
 	h.engine(func(*engine.Engine) {})
 }
 
-func (h *harness) wsURL() string { return "ws" + strings.TrimPrefix(h.ts.URL, "http") + wire.StreamPath }
+func (h *harness) wsURL() string {
+	return "ws" + strings.TrimPrefix(h.ts.URL, "http") + wire.StreamPath
+}
 
 func decode(t *testing.T, b []byte, v any) {
 	t.Helper()
