@@ -150,7 +150,7 @@ func (p detailPanel) build() []string {
 	if r.State.Ended() {
 		end = r.Ended
 	}
-	add("arrived at step %d · age %s, %d steps%s", r.Arrived.Step, dur(end.At-r.Arrived.At), end.Step-r.Arrived.Step, endedText(r))
+	add("arrived at step %d · age %s, %s%s", r.Arrived.Step, dur(end.At-r.Arrived.At), plural(int(end.Step-r.Arrived.Step), "step"), endedText(r))
 
 	section("Why")
 	out = append(out, p.why(v, r, now, limit)...)
@@ -263,7 +263,7 @@ func (p detailPanel) why(v *engine.View, r *engine.RequestView, now engine.Stamp
 		if r.Reserved > 0 {
 			pct = r.Received * 100 / r.Reserved
 		}
-		line := fmt.Sprintf("  prepared at step %d, %s (%d steps) ago; KV %d/%d received (%d%%)", r.Admitted.Step, dur(age), now.Step-r.Admitted.Step, r.Received, r.Reserved, pct)
+		line := fmt.Sprintf("  prepared at step %d, %s (%s) ago; KV %d/%d received (%d%%)", r.Admitted.Step, dur(age), plural(int(now.Step-r.Admitted.Step), "step"), r.Received, r.Reserved, pct)
 		out = append(out, line)
 		switch {
 		case r.State == engine.StatePrepared:
@@ -408,4 +408,12 @@ func (p detailPanel) prefixText(v *engine.View, r *engine.RequestView) []string 
 		"  " + strings.Join(parts, " → "),
 		fmt.Sprintf("  seq %d ends at node #%d after %d tokens, %s · matched %d tokens: %s", r.Seq, at.ID, at.Depth, state, r.Matched, matchText(r)),
 	}
+}
+
+// plural writes a count and its noun: "1 step", "3 steps".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

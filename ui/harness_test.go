@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	tea "charm.land/bubbletea/v2"
+
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/pages"
 )
@@ -268,4 +270,40 @@ func feed(tb testing.TB, s *script, opts Options, w, h int) (*Model, *fakeSource
 		m.Update(updateMsg{s.update()})
 	}
 	return m, src
+}
+
+// mark returns how many events the script has made, for delta.
+func (s *script) mark() int { return len(s.events) }
+
+// delta is the events made since a mark, as one update.
+func (s *script) delta(from int) engine.Update {
+	return engine.Update{Events: append([]engine.Event(nil), s.events[from:]...)}
+}
+
+func sizeMsg(w, h int) tea.WindowSizeMsg { return tea.WindowSizeMsg{Width: w, Height: h} }
+
+// keyMsg is the key press a terminal sends for a key name.
+func keyMsg(s string) tea.KeyPressMsg {
+	switch s {
+	case "enter":
+		return tea.KeyPressMsg{Code: tea.KeyEnter}
+	case "esc":
+		return tea.KeyPressMsg{Code: tea.KeyEscape}
+	case "tab":
+		return tea.KeyPressMsg{Code: tea.KeyTab}
+	case "shift+tab":
+		return tea.KeyPressMsg{Code: tea.KeyTab, Mod: tea.ModShift}
+	case "end":
+		return tea.KeyPressMsg{Code: tea.KeyEnd}
+	case "up":
+		return tea.KeyPressMsg{Code: tea.KeyUp}
+	case "down":
+		return tea.KeyPressMsg{Code: tea.KeyDown}
+	case "space":
+		return tea.KeyPressMsg{Code: tea.KeySpace, Text: " "}
+	case "backspace":
+		return tea.KeyPressMsg{Code: tea.KeyBackspace}
+	}
+	r := []rune(s)
+	return tea.KeyPressMsg{Code: r[0], Text: s}
 }

@@ -39,11 +39,28 @@ func (m *Model) refreshHeader(w *world) {
 	wide := m.width >= 120
 	v := w.view
 
-	// Line 1: identity, link, step, rate, badges.
+	// Line 1: badges first (a narrow terminal cuts the end), then identity, link, step,
+	// rate, hazards.
 	var l1 strings.Builder
 	l1.WriteString(st.Title.Render("kvtop"))
+	if m.frozen != nil {
+		badge := " PAUSED "
+		if m.behind > 0 {
+			badge = fmt.Sprintf(" PAUSED +%s events ", humanize.Comma(int64(m.behind)))
+		}
+		l1.WriteString(" " + st.Frozen.Render(badge))
+	}
+	if m.haveStatus && m.status.Paused {
+		l1.WriteString(" " + st.Paused.Render(" ENGINE PAUSED "))
+	}
+	if m.closed {
+		l1.WriteString(" " + st.Bad.Render("source ended"))
+	}
 	l1.WriteString(" " + st.Value.Render(m.name()) + " ")
 	l1.WriteString(m.linkText())
+	if m.dropped > 0 {
+		l1.WriteString(" · " + st.Warn.Render("dropped "+humanize.Comma(int64(m.dropped))))
+	}
 	if v != nil {
 		fmt.Fprintf(&l1, " · step %s", st.Value.Render(humanize.Comma(int64(v.Stamp().Step))))
 	}
@@ -52,11 +69,6 @@ func (m *Model) refreshHeader(w *world) {
 		if m.status.Target > 0 && wide {
 			fmt.Fprintf(&l1, " (target %s)", rate(m.status.Target))
 		}
-	}
-	if m.controllable() {
-		l1.WriteString(" · " + st.Dim.Render("control"))
-	} else {
-		l1.WriteString(" · " + st.Dim.Render("read-only"))
 	}
 	if v != nil {
 		var hz uint64
@@ -69,21 +81,10 @@ func (m *Model) refreshHeader(w *world) {
 			l1.WriteString(" · " + st.Dim.Render("hazards 0"))
 		}
 	}
-	if m.dropped > 0 {
-		l1.WriteString(" · " + st.Warn.Render("dropped "+humanize.Comma(int64(m.dropped))))
-	}
-	if m.haveStatus && m.status.Paused {
-		l1.WriteString(" " + st.Paused.Render(" ENGINE PAUSED "))
-	}
-	if m.frozen != nil {
-		badge := " PAUSED "
-		if m.behind > 0 {
-			badge = fmt.Sprintf(" PAUSED +%s events ", humanize.Comma(int64(m.behind)))
-		}
-		l1.WriteString(" " + st.Frozen.Render(badge))
-	}
-	if m.closed {
-		l1.WriteString(" " + st.Bad.Render("source ended"))
+	if m.controllable() {
+		l1.WriteString(" · " + st.Dim.Render("control"))
+	} else {
+		l1.WriteString(" · " + st.Dim.Render("read-only"))
 	}
 
 	// Line 2: pages.

@@ -8,6 +8,7 @@ import (
 	"charm.land/bubbles/v2/help"
 	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
+	"charm.land/lipgloss/v2"
 	"github.com/charmbracelet/colorprofile"
 	"github.com/charmbracelet/x/ansi"
 
@@ -96,7 +97,9 @@ type Model struct {
 
 	header    string
 	headerKey headerKey
+	parts     frameParts
 	frame     string
+	frames    uint64 // frames built, for tests
 }
 
 // New returns a dashboard reading from src.
@@ -584,42 +587,64 @@ func (m *Model) refresh() {
 	m.compose()
 }
 
+// frameParts are what a frame is made of; a frame is rebuilt only when one changes.
+type frameParts struct {
+	header, banner, tabs, main, side, footer string
+	width, height, mainW                     int
+}
+
 func (m *Model) compose() {
-	var b strings.Builder
-	b.Grow(16 << 10)
-	b.WriteString(m.header)
-	b.WriteByte('\n')
+	var fp frameParts
+	fp.header = m.header
 	if m.diverged != nil {
-		b.WriteString(fit(m.st.Error.Render("VIEW DIVERGED: "+m.diverged.Error()+" (a fresh snapshot was asked for)"), m.width))
-		b.WriteByte('\n')
+		fp.banner = fit(m.st.Error.Render("VIEW DIVERGED: "+m.diverged.Error()+" (a fresh snapshot was asked for)"), m.width)
 	}
-	b.WriteString(m.tabs())
-	b.WriteByte('\n')
+	fp.tabs = m.tabs()
 	_, bh := m.bodySize()
 	mainW, sideW := m.split()
-	var body string
 	switch {
 	case m.showHelp:
-		body = m.helpView()
+		fp.main = m.helpView()
 	case m.active == panelRequests:
-		body = m.requests.View()
+		fp.main = m.requests.View()
 	case m.active == panelPages:
-		body = m.pagemap.View()
+		fp.main = m.pagemap.View()
 	case m.active == panelPrefix:
-		body = m.prefix.View()
+		fp.main = m.prefix.View()
 	case m.active == panelSegments:
-		body = m.segments.View()
+		fp.main = m.segments.View()
 	case m.active == panelEvents:
-		body = m.events.View()
+		fp.main = m.events.View()
 	case m.active == panelDetail:
-		body = m.detail.View()
+		fp.main = m.detail.View()
 	}
 	if sideW > 0 {
-		body = besides(body, mainW, m.st.Dim.Render("│"), m.pagemap.View(), bh)
+		fp.side = m.pagemap.View()
+	}
+	fp.footer = m.footer()
+	fp.width, fp.height, fp.mainW = m.width, m.height, mainW
+	if fp == m.parts && m.frame != "" {
+		return
+	}
+	m.parts = fp
+	var b strings.Builder
+	b.Grow(len(fp.main) + len(fp.side) + 4<<10)
+	b.WriteString(fp.header)
+	b.WriteByte('\n')
+	if fp.banner != "" {
+		b.WriteString(fp.banner)
+		b.WriteByte('\n')
+	}
+	b.WriteString(fp.tabs)
+	b.WriteByte('\n')
+	body := fp.main
+	if sideW > 0 {
+		body = besides(body, mainW, m.st.Dim.Render("│"), fp.side, bh)
 	}
 	writeBlock(&b, body, bh)
-	b.WriteString(m.footer())
+	b.WriteString(fp.footer)
 	m.frame = b.String()
+	m.frames++
 }
 
 // writeBlock writes exactly h lines of s (cut or padded), each followed by a newline.
@@ -695,19 +720,34 @@ func (m *Model) helpView() string {
 	var b strings.Builder
 	b.WriteString(m.st.Heading.Render("Keys"))
 	b.WriteString("\n")
-	b.WriteString(m.help.FullHelpView(m.keys.FullHelp()))
+	h := m.help
+	h.SetWidth(0)
+	h.FullSeparator = "   "
+	groups := m.keys.FullHelp()
+	keys := h.FullHelpView(groups)
+	if lipgloss.Width(keys) > m.width {
+		keys = h.FullHelpView(groups[:2]) + "\n\n" + h.FullHelpView(groups[2:])
+	}
+	b.WriteString(keys)
 	b.WriteString("\n\n")
 	b.WriteString(m.st.Heading.Render("Page map"))
-	b.WriteString("\n")
+	b.WriteString(" (enter on a page opens its owner)\n")
 	for s := range numPageStates {
+		if s == pgAwaiting {
+			b.WriteString("\n")
+		}
 		b.WriteString(m.st.Cell[s].Render(m.st.Glyph[s]))
 		b.WriteString(" " + pageStateNames[s] + "  ")
 	}
-	b.WriteString("\n(a cell of several pages shows its most alarming state from awaiting KV on, else its most common)\n\n")
+	b.WriteString("\na cell of several pages shows its most alarming state from awaiting KV on, else its most common\n\n")
 	b.WriteString(m.st.Heading.Render("Request rows"))
-	b.WriteString("\n! stuck (blocked, prepared past the age limit, or leaked)   * has hazards\n")
-	b.WriteString("\nesc or ? closes this help.")
-	return b.String()
+	b.WriteString("  ! stuck (blocked, prepared past the age limit, or leaked)  * hazards\n")
+	b.WriteString("Prefix tree: enter folds a node · Events: G follows the newest · esc or ? closes this help")
+	lines := strings.Split(b.String(), "\n")
+	for i, l := range lines {
+		lines[i] = fit(l, m.width)
+	}
+	return strings.Join(lines, "\n")
 }
 
 // fit cuts s to w columns.

@@ -256,7 +256,7 @@ func stateLabel(v *engine.View, r *engine.RequestView) (string, int) {
 		return "running", 5
 	case engine.StateAborted, engine.StatePreempted:
 		if r.Leaked {
-			return r.State.String() + "!", 6
+			return "leaked", 6
 		}
 		return r.State.String(), 7
 	}
@@ -384,18 +384,18 @@ func (p requestsPanel) render() string {
 	}
 	idW = min(idW, 16)
 
-	title := fmt.Sprintf("Requests %s", humanize.Comma(int64(len(p.rows))))
+	title := st.Heading.Render("Requests") + " " + humanize.Comma(int64(len(p.rows)))
 	if p.filter.active() {
 		title += fmt.Sprintf(" of %s · filter /%s/", humanize.Comma(int64(p.all)), p.filter.text)
 	}
-	b.WriteString(st.Heading.Render("Requests"))
-	b.WriteString(fit(strings.TrimPrefix(title, "Requests")+" · sort "+p.sortName(), p.width-8))
+	title += " · sort " + p.sortName()
 	if stuck > 0 {
-		b.WriteString(" · " + st.Stuck.Render(fmt.Sprintf("! %d stuck", stuck)))
+		title += " · " + st.Stuck.Render(fmt.Sprintf("! %d stuck", stuck))
 	}
 	if hz > 0 {
-		b.WriteString(" · " + st.Hazardous.Render(fmt.Sprintf("* %d with hazards", hz)))
+		title += " · " + st.Hazardous.Render(fmt.Sprintf("* %d with hazards", hz))
 	}
+	b.WriteString(fit(title, p.width))
 	b.WriteByte('\n')
 
 	cols := p.columns(idW)
