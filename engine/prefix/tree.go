@@ -43,8 +43,17 @@ type slot struct {
 	e  *entry
 }
 
+// nodeBox allocates a node with room for its first sequence, so that a leaf and the
+// sequence it holds sit together: a lookup then touches one object fewer.
+type nodeBox struct {
+	node
+	first [1]slot
+}
+
 func (c *Cache) newNode(parent *node, span []int32, depth int) *node {
-	n := &node{id: c.nextID, order: uint32(c.nextID), parent: parent, span: span, depth: depth, dirtyAt: -1, fresh: true}
+	b := &nodeBox{node: node{id: c.nextID, order: uint32(c.nextID), parent: parent, span: span, depth: depth, dirtyAt: -1, fresh: true}}
+	b.seqs = b.first[:0]
+	n := &b.node
 	c.nextID++
 	if c.nextID == 0 {
 		panic("prefix: node ids exhausted")
