@@ -1,6 +1,7 @@
 package prefix
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -739,5 +740,28 @@ func TestOnEvictSeesAConsistentCache(t *testing.T) {
 	}
 	if want := []string{"1 held=false check=<nil> recycling=[2]"}; !slices.Equal(calls, want) {
 		t.Errorf("OnEvict calls = %q, want %q", calls, want)
+	}
+}
+
+func TestNodeJSONRoundTrip(t *testing.T) {
+	in := Node{ID: 3, Parent: 1, Order: 2, Depth: 9, Span: 4, Seqs: []SeqRef{{7, Active}, {8, Recycling}}, Hits: 5}
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `{"id":3,"parent":1,"order":2,"depth":9,"span":4,"seqs":[{"id":7,"state":"active"},{"id":8,"state":"recycling"}],"hits":5}`
+	if string(b) != want {
+		t.Errorf("json.Marshal(%+v) = %s, want %s", in, b, want)
+	}
+	var out Node
+	if err := json.Unmarshal(b, &out); err != nil || fmt.Sprint(out) != fmt.Sprint(in) {
+		t.Errorf("json.Unmarshal(%s) = %+v, %v, want %+v", b, out, err, in)
+	}
+	var k Kind
+	if err := k.UnmarshalText([]byte("fork")); err != nil || k != Fork {
+		t.Errorf("Kind.UnmarshalText(fork) = %v, %v, want fork", k, err)
+	}
+	if err := k.UnmarshalText([]byte("spoon")); err == nil {
+		t.Errorf("Kind.UnmarshalText(spoon) = nil error, want an error")
 	}
 }
