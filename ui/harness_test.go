@@ -100,6 +100,7 @@ type script struct {
 	snap   engine.Snapshot
 	events []engine.Event
 	meta   map[string]engine.MetadataEmitted
+	got    map[string]int // slots written so far, by request
 }
 
 const t0 = 1_700_000_000_000
@@ -116,7 +117,7 @@ func newScript(tb testing.TB, mutate func(*engine.Config)) *script {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s := &script{tb: tb, e: e, at: t0, meta: make(map[string]engine.MetadataEmitted)}
+	s := &script{tb: tb, e: e, at: t0, meta: make(map[string]engine.MetadataEmitted), got: make(map[string]int)}
 	s.snap = e.Snapshot()
 	return s
 }
@@ -175,7 +176,7 @@ func (s *script) step(n int) *script {
 	return s
 }
 
-// receive writes the first frac (0..1] of a request's reserved slots.
+// receive writes a request's reserved slots up to num/den of them, in order.
 func (s *script) receive(id string, num, den int) *script {
 	s.tb.Helper()
 	md, ok := s.meta[id]
@@ -184,10 +185,12 @@ func (s *script) receive(id string, num, den int) *script {
 	}
 	slots := pages.Expand(nil, md.Runs[0])
 	k := len(slots) * num / den
-	if k == 0 {
+	from := s.got[id]
+	if k <= from {
 		return s
 	}
-	if _, err := s.e.ReceiveKV(s.now(), slots[:k], nil); err != nil {
+	s.got[id] = k
+	if _, err := s.e.ReceiveKV(s.now(), slots[from:k], nil); err != nil {
 		s.tb.Fatal(err)
 	}
 	s.collect(s.e.TakeEvents())

@@ -89,12 +89,36 @@ func (c *cursor) clamp(n, h int) {
 	c.top = min(max(c.top, 0), max(n-h, 0))
 }
 
+// width is ansi.StringWidth with a fast path for ASCII (escape sequences included), which
+// most table cells are: grapheme clustering costs a microsecond a cell.
+func width(s string) int {
+	n := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 0x80:
+			return ansi.StringWidth(s)
+		case c == 0x1b && i+1 < len(s) && s[i+1] == '[':
+			// CSI: parameters and intermediates up to a final byte in 0x40–0x7e.
+			i += 2
+			for i < len(s) && (s[i] < 0x40 || s[i] > 0x7e) {
+				i++
+			}
+		case c == 0x1b:
+			return ansi.StringWidth(s)
+		case c >= 0x20:
+			n++
+		}
+	}
+	return n
+}
+
 // pad cuts or pads plain text to exactly w columns.
 func pad(s string, w int) string {
 	if w <= 0 {
 		return ""
 	}
-	sw := ansi.StringWidth(s)
+	sw := width(s)
 	if sw > w {
 		return ansi.Truncate(s, w, "…")
 	}
@@ -103,7 +127,7 @@ func pad(s string, w int) string {
 
 // padLeft right-aligns plain text in w columns.
 func padLeft(s string, w int) string {
-	sw := ansi.StringWidth(s)
+	sw := width(s)
 	if sw > w {
 		return ansi.Truncate(s, w, "…")
 	}

@@ -95,11 +95,14 @@ type Model struct {
 	detail   detailPanel
 	help     help.Model
 
-	header    string
-	headerKey headerKey
-	parts     frameParts
-	frame     string
-	frames    uint64 // frames built, for tests
+	header     string
+	headerKey  headerKey
+	parts      frameParts
+	chromeKey  chromeKey
+	tabsText   string
+	footerText string
+	frame      string
+	frames     uint64 // frames built, for tests
 }
 
 // New returns a dashboard reading from src.
@@ -599,7 +602,7 @@ func (m *Model) compose() {
 	if m.diverged != nil {
 		fp.banner = fit(m.st.Error.Render("VIEW DIVERGED: "+m.diverged.Error()+" (a fresh snapshot was asked for)"), m.width)
 	}
-	fp.tabs = m.tabs()
+	fp.tabs, fp.footer = m.chrome()
 	_, bh := m.bodySize()
 	mainW, sideW := m.split()
 	switch {
@@ -621,7 +624,6 @@ func (m *Model) compose() {
 	if sideW > 0 {
 		fp.side = m.pagemap.View()
 	}
-	fp.footer = m.footer()
 	fp.width, fp.height, fp.mainW = m.width, m.height, mainW
 	if fp == m.parts && m.frame != "" {
 		return
@@ -677,7 +679,7 @@ func besides(left string, lw int, sep, right string, h int) string {
 			r = rs[i]
 		}
 		b.WriteString(l)
-		if pad := lw - ansi.StringWidth(l); pad > 0 {
+		if pad := lw - width(l); pad > 0 {
 			b.WriteString(strings.Repeat(" ", pad))
 		}
 		b.WriteString(sep)
@@ -687,6 +689,27 @@ func besides(left string, lw int, sep, right string, h int) string {
 		}
 	}
 	return b.String()
+}
+
+// chromeKey is what the tab bar and the footer depend on.
+type chromeKey struct {
+	active          panelID
+	showHelp        bool
+	width, styleGen int
+	filtering       bool
+	filterBuf       string
+	message         string
+	messageErr      bool
+}
+
+// chrome returns the tab bar and the footer, built again only when they change.
+func (m *Model) chrome() (string, string) {
+	k := chromeKey{m.active, m.showHelp, m.width, m.styleGen, m.filtering, m.filterBuf, m.message, m.messageErr}
+	if k != m.chromeKey || m.tabsText == "" {
+		m.chromeKey = k
+		m.tabsText, m.footerText = m.tabs(), m.footer()
+	}
+	return m.tabsText, m.footerText
 }
 
 func (m *Model) tabs() string {
@@ -752,7 +775,7 @@ func (m *Model) helpView() string {
 
 // fit cuts s to w columns.
 func fit(s string, w int) string {
-	if ansi.StringWidth(s) <= w {
+	if width(s) <= w {
 		return s
 	}
 	return ansi.Truncate(s, w, "…")

@@ -393,3 +393,11 @@ func TestPageMapMarksSelection(t *testing.T) {
 		t.Errorf("enter on page 12: %s of %q, want a-4's detail", panelNames[m.active], m.detail.id)
 	}
 }
+
+func TestWidth(t *testing.T) {
+	for _, s := range []string{"", "abc", "\x1b[1mab\x1b[0m c", "a·b", "\x1b[38;5;2m█\x1b[m", "r-37 blocked", "\x1b]8;;x\x07link"} {
+		if got, want := width(s), ansi.StringWidth(s); got != want {
+			t.Errorf("width(%q) = %d, want %d", s, got, want)
+		}
+	}
+}

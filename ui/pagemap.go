@@ -2,13 +2,12 @@ package ui
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
 	"github.com/dustin/go-humanize"
-
-	"github.com/kvtop/kvtop/engine"
 )
 
 // pagesPanel is the page map: every page of the KV cache as a cell, several pages a cell
@@ -322,28 +321,30 @@ func (p pagesPanel) info(l pageLayout) []string {
 	}
 	s := pd.state[page]
 	head := fmt.Sprintf("page %d · slots %d–%d · %s", page, int(page)*ps, int(page)*ps+ps-1, pageStateNames[s])
-	b, ok := pd.block(page, c)
-	if !ok {
+	block := c.PageBlock(page)
+	if block < 0 {
 		return append(out, head)
 	}
-	idx := 0
-	for i, pg := range b.Pages {
-		if pg == page {
-			idx = i
+	users := pd.usersOf(block)
+	head += fmt.Sprintf(" · block %d", block)
+	if len(users) > 0 {
+		// Blocks start on page boundaries, so a page's place in a user's page list gives
+		// its tokens.
+		pgs, _ := c.SequencePages(users[0], nil)
+		n, _ := c.SequenceLength(users[0])
+		if i := slices.Index(pgs, page); i >= 0 {
+			head += fmt.Sprintf(", tokens %d–%d of its sequences", i*ps, min(n, i*ps+ps)-1)
 		}
 	}
-	tok0 := b.Start + idx*ps
-	tok1 := min(b.Start+b.Length, tok0+ps) - 1
-	head += fmt.Sprintf(" · block %d, tokens %d–%d of its sequences", b.ID, tok0, tok1)
 	out = append(out, head)
 	var owners []string
 	rec := make(map[int64]bool)
 	for _, s := range v.Recycling() {
 		rec[s] = true
 	}
-	for i, seq := range b.Seqs {
+	for i, seq := range users {
 		if i == 4 {
-			owners = append(owners, fmt.Sprintf("+%d more", len(b.Seqs)-4))
+			owners = append(owners, fmt.Sprintf("+%d more", len(users)-4))
 			break
 		}
 		o := fmt.Sprintf("seq %d", seq)
@@ -364,7 +365,7 @@ func (p pagesPanel) info(l pageLayout) []string {
 	}
 	line := "used by " + strings.Join(owners, ", ")
 	// The reserved run the page lies in, for a prepared owner.
-	for _, seq := range b.Seqs {
+	for _, seq := range users {
 		r, ok := ownerOf(v, seq)
 		if !ok || len(r.Runs) == 0 || r.Seq != seq {
 			continue
@@ -388,18 +389,14 @@ func (p pagesPanel) ownerAtCursor() string {
 		return ""
 	}
 	v := p.w.view
-	b, ok := p.w.pages().block(int32(p.cursor), v.Cache())
-	if !ok {
+	b := v.Cache().PageBlock(int32(p.cursor))
+	if b < 0 {
 		return ""
 	}
-	for _, seq := range b.Seqs {
-		if id, ok := v.Owner(seq); ok {
-			if _, ok := v.Request(id); ok {
-				return id
-			}
+	for _, seq := range p.w.pages().usersOf(b) {
+		if r, ok := ownerOf(v, seq); ok {
+			return r.ID
 		}
 	}
 	return ""
 }
-
-var _ = engine.PageList

@@ -185,12 +185,8 @@ func (p *requestsPanel) buildRows() {
 		row.label, row.rank = stateLabel(v, r)
 		row.stuck = isStuck(v, r, now.At, limit)
 		row.hazard = len(r.Hazards) > 0
-		if r.Seq >= 0 {
-			if id, ok := v.Owner(r.Seq); ok && id == r.ID {
-				if n, ok := pd.seqPages[r.Seq]; ok {
-					row.pages = n
-				}
-			}
+		if n, ok := pd.requestPages(i); ok {
+			row.pages = n
 		}
 		if r.Reserved > 0 {
 			row.kv = r.Received * 1000 / r.Reserved
@@ -207,34 +203,87 @@ func (p *requestsPanel) buildRows() {
 		}
 		p.rows = append(p.rows, row)
 	}
-	var by func(a, b reqRow) int
-	switch p.sort {
-	case sortArrival:
-		by = func(a, b reqRow) int { return cmp.Compare(a.order, b.order) }
-	case sortStuck:
-		by = func(a, b reqRow) int {
-			if a.stuck != b.stuck {
-				if a.stuck {
-					return -1
-				}
-				return 1
+	p.sortRows()
+}
+
+// sortRef is a row's place and its sort key: sorting these small values and then placing
+// the rows costs a fraction of sorting the rows themselves.
+type sortRef struct {
+	key int64
+	idx int32
+}
+
+func (p *requestsPanel) sortRows() {
+	switch {
+	case p.sort == sortArrival && !p.reverse:
+		return // built in arrival order
+	case p.sort == sortStuck && !p.reverse:
+		p.rows = bucketSort(p.rows)
+		return
+	}
+	refs := make([]sortRef, len(p.rows))
+	for i := range p.rows {
+		r := &p.rows[i]
+		var k int64
+		switch p.sort {
+		case sortStuck:
+			k = int64(r.rank) << 32
+			if !r.stuck {
+				k |= 1 << 50
 			}
-			return cmp.Or(cmp.Compare(a.rank, b.rank), cmp.Compare(a.order, b.order))
+		case sortAge:
+			k = -r.ageMs
+		case sortPages:
+			k = -int64(r.pages)
+		case sortKV:
+			k = int64(r.kv)
 		}
-	case sortAge:
-		by = func(a, b reqRow) int { return cmp.Or(cmp.Compare(b.ageMs, a.ageMs), cmp.Compare(a.order, b.order)) }
-	case sortPages:
-		by = func(a, b reqRow) int { return cmp.Or(cmp.Compare(b.pages, a.pages), cmp.Compare(a.order, b.order)) }
-	case sortKV:
-		by = func(a, b reqRow) int { return cmp.Or(cmp.Compare(a.kv, b.kv), cmp.Compare(a.order, b.order)) }
-	case sortID:
-		by = func(a, b reqRow) int { return cmp.Or(cmp.Compare(a.r.ID, b.r.ID), cmp.Compare(a.order, b.order)) }
+		refs[i] = sortRef{key: k, idx: int32(i)}
+	}
+	by := func(a, b sortRef) int { return cmp.Or(cmp.Compare(a.key, b.key), cmp.Compare(a.idx, b.idx)) }
+	if p.sort == sortID {
+		by = func(a, b sortRef) int {
+			return cmp.Or(cmp.Compare(p.rows[a.idx].r.ID, p.rows[b.idx].r.ID), cmp.Compare(a.idx, b.idx))
+		}
 	}
 	if p.reverse {
 		fwd := by
-		by = func(a, b reqRow) int { return fwd(b, a) }
+		by = func(a, b sortRef) int { return fwd(b, a) }
 	}
-	slices.SortFunc(p.rows, by)
+	slices.SortFunc(refs, by)
+	sorted := make([]reqRow, len(p.rows))
+	for i, ref := range refs {
+		sorted[i] = p.rows[ref.idx]
+	}
+	p.rows = sorted
+}
+
+// bucketSort orders rows stuck first, then by state rank, keeping arrival order within
+// each: the default order, in linear time.
+func bucketSort(rows []reqRow) []reqRow {
+	const ranks = 9
+	var count [2 * ranks]int
+	bucket := func(r *reqRow) int {
+		b := min(r.rank, ranks-1)
+		if !r.stuck {
+			b += ranks
+		}
+		return b
+	}
+	for i := range rows {
+		count[bucket(&rows[i])]++
+	}
+	at := 0
+	for b := range count {
+		at, count[b] = at+count[b], at
+	}
+	out := make([]reqRow, len(rows))
+	for i := range rows {
+		b := bucket(&rows[i])
+		out[count[b]] = rows[i]
+		count[b]++
+	}
+	return out
 }
 
 // stateLabel names a request's state for the table, and ranks it for sorting.

@@ -1,8 +1,9 @@
 package ui
 
 import (
+	"slices"
+
 	"github.com/kvtop/kvtop/engine"
-	"github.com/kvtop/kvtop/engine/pages"
 	"github.com/kvtop/kvtop/engine/prefix"
 )
 
@@ -51,15 +52,24 @@ var pageStateNames = [numPageStates]string{"free", "active", "shared prefix", "r
 
 func (s pageState) String() string { return pageStateNames[s] }
 
-// pageData is the page map's state of every page, derived from the View's cache replica.
+// pageData is the page map's state of every page, derived from the View's cache replica
+// in one pass over the sequences' block chains and one over the pages (the cache's own
+// Blocks would allocate a map and a page list per block: 9 ms at 65,536 pages).
 type pageData struct {
 	state []pageState
 	count [numPageStates]int
-	// blocks are the live blocks; blockAt maps a block id to its index there (-1: none).
-	blocks  []pages.BlockInfo
-	blockAt []int32
-	// seqPages counts the pages each sequence uses (shared ones included).
-	seqPages map[int64]int
+	// ids are the cache's sequences; the chain of ids[i] (block ids, root first) is
+	// chains[chainAt[i]:chainAt[i+1]], and it uses seqPages[i] pages. reqSeq[j] is the
+	// index in ids of the sequence the j-th request (in the View's order) holds, or -1.
+	ids      []int64
+	reqSeq   []int32
+	chainAt  []int32
+	chains   []int32
+	seqPages []int32
+	// By block id: how many sequences use the block, how many of them are not recycling,
+	// the last one seen, and the block's pages.
+	users, nonRec, blockPages []int32
+	lastUser                  []int64
 }
 
 // pages returns the page data, rebuilding it when the world has changed.
@@ -75,6 +85,14 @@ func (w *world) pages() *pageData {
 	return &w.pg
 }
 
+// grow returns s with room for index i, zeroing what it adds.
+func grow[T any](s []T, i int) []T {
+	if i < len(s) {
+		return s
+	}
+	return append(s, make([]T, i+1-len(s))...)
+}
+
 func buildPages(pd *pageData, v *engine.View) {
 	c := v.Cache()
 	n := c.NumPages()
@@ -82,53 +100,63 @@ func buildPages(pd *pageData, v *engine.View) {
 		pd.state = make([]pageState, n)
 	}
 	pd.state = pd.state[:n]
-	clear(pd.state)
 	pd.count = [numPageStates]int{}
-	pd.blocks = c.Blocks()
-	if pd.seqPages == nil {
-		pd.seqPages = make(map[int64]int)
-	}
-	clear(pd.seqPages)
-	maxID := int32(-1)
-	for _, b := range pd.blocks {
-		maxID = max(maxID, b.ID)
-	}
-	if cap(pd.blockAt) < int(maxID+1) {
-		pd.blockAt = make([]int32, maxID+1)
-	}
-	pd.blockAt = pd.blockAt[:maxID+1]
-	for i := range pd.blockAt {
-		pd.blockAt[i] = -1
-	}
 	rec := make(map[int64]bool, len(v.Recycling()))
 	for _, s := range v.Recycling() {
 		rec[s] = true
 	}
-	for i, b := range pd.blocks {
-		pd.blockAt[b.ID] = int32(i)
-		st := pgActive
-		allRec := len(b.Seqs) > 0
-		for _, s := range b.Seqs {
-			pd.seqPages[s] += len(b.Pages)
-			if !rec[s] {
-				allRec = false
-			}
+	leaked := make(map[int64]bool)
+	for _, r := range v.Requests() {
+		if r.Leaked && r.Seq >= 0 {
+			leaked[r.Seq] = true
 		}
+	}
+	clear(pd.users)
+	clear(pd.nonRec)
+	clear(pd.blockPages)
+	pd.chainAt = pd.chainAt[:0]
+	pd.chains = pd.chains[:0]
+	seqsOf(v, pd)
+	for i, id := range pd.ids {
+		for _, b := range pd.chains[pd.chainAt[i]:pd.chainAt[i+1]] {
+			pd.users = grow(pd.users, int(b))
+			pd.nonRec = grow(pd.nonRec, int(b))
+			pd.lastUser = grow(pd.lastUser, int(b))
+			pd.users[b]++
+			if !rec[id] {
+				pd.nonRec[b]++
+			}
+			pd.lastUser[b] = id
+		}
+	}
+	for pg := range n {
+		b := c.PageBlock(int32(pg))
+		if b < 0 || int(b) >= len(pd.users) || pd.users[b] == 0 {
+			pd.state[pg] = pgFree
+			continue
+		}
+		pd.blockPages = grow(pd.blockPages, int(b))
+		pd.blockPages[b]++
 		switch {
-		case allRec:
-			st = pgRecycling
-		case len(b.Seqs) > 1:
-			st = pgShared
-		case len(b.Seqs) == 1:
-			if id, ok := v.Owner(b.Seqs[0]); ok {
-				if r, ok := v.Request(id); ok && r.Leaked && r.Seq == b.Seqs[0] {
-					st = pgLeaked
-				}
+		case pd.nonRec[b] == 0:
+			pd.state[pg] = pgRecycling
+		case pd.users[b] > 1:
+			pd.state[pg] = pgShared
+		case leaked[pd.lastUser[b]]:
+			pd.state[pg] = pgLeaked
+		default:
+			pd.state[pg] = pgActive
+		}
+	}
+	pd.seqPages = pd.seqPages[:0]
+	for i := range pd.ids {
+		sum := int32(0)
+		for _, b := range pd.chains[pd.chainAt[i]:pd.chainAt[i+1]] {
+			if int(b) < len(pd.blockPages) {
+				sum += pd.blockPages[b]
 			}
 		}
-		for _, pg := range b.Pages {
-			pd.state[pg] = st
-		}
+		pd.seqPages = append(pd.seqPages, sum)
 	}
 	// A prepared request's reserved runs: awaiting or partly received by the count of its
 	// run's slots received (the View knows how many per run, not which).
@@ -165,13 +193,78 @@ func buildPages(pd *pageData, v *engine.View) {
 	}
 }
 
-// block returns the live block owning a page.
-func (pd *pageData) block(page int32, c *pages.Cache) (pages.BlockInfo, bool) {
-	b := c.PageBlock(page)
-	if b < 0 || int(b) >= len(pd.blockAt) || pd.blockAt[b] < 0 {
-		return pages.BlockInfo{}, false
+// seqsOf lists the cache's sequences and their block chains into pd, from the View's
+// requests and recycling list, which hold them all (the engine keeps a leaked request while
+// its sequence lives), noting which request holds which. A live request always holds its
+// own sequence (only a recycling one is ever taken over); an ended one may have lost it to
+// a reuse, so the owner is checked. Should the list ever miss one, it falls back to the
+// cache's own list, which costs a map walk and a sort.
+func seqsOf(v *engine.View, pd *pageData) {
+	c := v.Cache()
+	pd.ids, pd.reqSeq = pd.ids[:0], pd.reqSeq[:0]
+	add := func(seq int64) bool {
+		at := len(pd.chains)
+		var err error
+		if pd.chains, err = c.SequenceBlocks(seq, pd.chains); err != nil {
+			pd.chains = pd.chains[:at]
+			return false
+		}
+		pd.chainAt = append(pd.chainAt, int32(at))
+		pd.ids = append(pd.ids, seq)
+		return true
 	}
-	return pd.blocks[pd.blockAt[b]], true
+	for _, r := range v.Requests() {
+		held := r.Seq >= 0
+		if held && r.State.Ended() {
+			id, ok := v.Owner(r.Seq)
+			held = ok && id == r.ID
+		}
+		if held && add(r.Seq) {
+			pd.reqSeq = append(pd.reqSeq, int32(len(pd.ids)-1))
+			continue
+		}
+		pd.reqSeq = append(pd.reqSeq, -1)
+	}
+	for _, s := range v.Recycling() {
+		if r, ok := ownerOf(v, s); ok && r.Seq == s {
+			continue // listed with its request
+		}
+		add(s)
+	}
+	if len(pd.ids) != c.NumSequences() {
+		pd.ids, pd.chainAt, pd.chains = pd.ids[:0], pd.chainAt[:0], pd.chains[:0]
+		for _, s := range c.SequenceIDs() {
+			add(s)
+		}
+		for j, r := range v.Requests() {
+			pd.reqSeq[j] = -1
+			if i, ok := slices.BinarySearch(pd.ids, r.Seq); ok {
+				if id, ok := v.Owner(r.Seq); ok && id == r.ID {
+					pd.reqSeq[j] = int32(i)
+				}
+			}
+		}
+	}
+	pd.chainAt = append(pd.chainAt, int32(len(pd.chains)))
+}
+
+// requestPages returns how many pages the j-th request (in the View's order) holds.
+func (pd *pageData) requestPages(j int) (int, bool) {
+	if j >= len(pd.reqSeq) || pd.reqSeq[j] < 0 {
+		return 0, false
+	}
+	return int(pd.seqPages[pd.reqSeq[j]]), true
+}
+
+// usersOf returns the sequences whose chain holds a block, ascending.
+func (pd *pageData) usersOf(b int32) []int64 {
+	var out []int64
+	for i, id := range pd.ids {
+		if slices.Contains(pd.chains[pd.chainAt[i]:pd.chainAt[i+1]], b) {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // summary counts the requests by state as the header shows them, in the engine's terms
