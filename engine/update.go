@@ -36,6 +36,10 @@ const (
 	ControlResume   ControlOp = "resume"
 	ControlStep     ControlOp = "step"     // run N steps, paused or not
 	ControlSnapshot ControlOp = "snapshot" // resync: send a fresh snapshot
+	// ControlSpeed and ControlSeek are for a recording played back: N is the speed in
+	// percent of real time, or the step to go to. A live engine refuses them.
+	ControlSpeed ControlOp = "speed"
+	ControlSeek  ControlOp = "seek"
 )
 
 // Control is a viewer's request.
@@ -55,6 +59,16 @@ func (c Control) Validate() error {
 	case ControlStep:
 		if c.N < 1 || c.N > 1_000_000 {
 			return fmt.Errorf("engine: step %d: n must be in [1, 1000000]", c.N)
+		}
+		return nil
+	case ControlSpeed:
+		if c.N < 1 || c.N > 100_000 {
+			return fmt.Errorf("engine: speed %d%%: must be in [1, 100000]", c.N)
+		}
+		return nil
+	case ControlSeek:
+		if c.N < 0 {
+			return fmt.Errorf("engine: seek to step %d: must not be negative", c.N)
 		}
 		return nil
 	}

@@ -101,6 +101,8 @@ type Lockstep struct {
 	// OnReady, when set, sees every step's output (and the events of the calls after it,
 	// which come with the next step's).
 	OnReady func(rd engine.Ready)
+	// BeforeStep, when set, runs after the driver's calls and before each step.
+	BeforeStep func()
 	calls   engineCalls
 	vnow    time.Duration
 }
@@ -118,6 +120,9 @@ func (l *Lockstep) Run(n int) {
 		now := l.Start.Add(l.vnow)
 		l.calls.e, l.calls.now = l.E, now
 		l.D.Tick(l.vnow, &l.calls)
+		if l.BeforeStep != nil {
+			l.BeforeStep()
+		}
 		rd := l.E.Step(now)
 		l.D.Observe(rd.Events, rd.Tokens, &l.calls)
 		if l.OnReady != nil {

@@ -243,8 +243,11 @@ func (r *Runner) Control(c engine.Control) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	if c.Op == engine.ControlSnapshot {
+	switch c.Op {
+	case engine.ControlSnapshot:
 		return fmt.Errorf("runner: ask a subscription for a snapshot, not the runner")
+	case engine.ControlSpeed, engine.ControlSeek:
+		return fmt.Errorf("runner: %s is for a recording; a live engine runs at its own pace", c.Op)
 	}
 	select {
 	case r.controls <- c:

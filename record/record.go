@@ -1,0 +1,230 @@
+// Package record writes what a dashboard receives to a file, and plays such a file back as
+// a dashboard source: a recording of a stuck decode instance is a bug report anyone can
+// open with `kvtop replay FILE`.
+//
+// A recording is one JSON frame a line, in the stream's own format (wire.Frame): a snapshot
+// frame, then events frames (and status and dropped frames as they came). Every later
+// snapshot (after a resync) is written too, so a player can seek without replaying from the
+// start.
+//
+// # Concurrency
+//
+// A Recorder is safe for concurrent use. A Player runs its own goroutine; its Source methods
+// are safe for concurrent use.
+package record
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+
+	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/wire"
+)
+
+// Recorder writes updates as frames, one a line.
+type Recorder struct {
+	mu   sync.Mutex
+	f    io.WriteCloser
+	w    *bufio.Writer
+	buf  bytes.Buffer
+	seq  uint64
+	err  error
+	last uint64 // dropped count already written
+}
+
+// Create opens a recording file, truncating it.
+func Create(path string) (*Recorder, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("record: %w", err)
+	}
+	return NewRecorder(f), nil
+}
+
+// NewRecorder records to w; Close closes it.
+func NewRecorder(w io.WriteCloser) *Recorder {
+	return &Recorder{f: w, w: bufio.NewWriterSize(w, 1<<16)}
+}
+
+// Write records one update: its drop notice, snapshot, events and status, as frames.
+func (r *Recorder) Write(u engine.Update) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return r.err
+	}
+	if u.Dropped > r.last {
+		r.frame(&wire.Frame{Type: wire.FrameDropped, Dropped: &wire.Dropped{Count: u.Dropped - r.last, Total: u.Dropped}})
+		r.last = u.Dropped
+	}
+	if u.Snapshot != nil {
+		r.seq++
+		r.frame(&wire.Frame{Type: wire.FrameSnapshot, Seq: r.seq, Snapshot: u.Snapshot})
+	}
+	if len(u.Events) > 0 {
+		r.seq++
+		r.frame(&wire.Frame{Type: wire.FrameEvents, Seq: r.seq, Events: u.Events})
+	}
+	if u.Status != nil {
+		r.frame(&wire.Frame{Type: wire.FrameStatus, Status: u.Status})
+	}
+	return r.err
+}
+
+func (r *Recorder) frame(f *wire.Frame) {
+	if r.err != nil {
+		return
+	}
+	r.buf.Reset()
+	if err := wire.EncodeFrame(&r.buf, f); err != nil {
+		r.err = fmt.Errorf("record: %w", err)
+		return
+	}
+	r.buf.WriteByte('\n')
+	if _, err := r.w.Write(r.buf.Bytes()); err != nil {
+		r.err = fmt.Errorf("record: %w", err)
+	}
+}
+
+// Flush writes what is buffered.
+func (r *Recorder) Flush() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err == nil {
+		if err := r.w.Flush(); err != nil {
+			r.err = fmt.Errorf("record: %w", err)
+		}
+	}
+	return r.err
+}
+
+// Close flushes and closes the file.
+func (r *Recorder) Close() error {
+	err := r.Flush()
+	if cerr := r.f.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("record: %w", cerr)
+	}
+	return err
+}
+
+// Load reads a recording. Every frame must parse, the first frame that carries state must be
+// a snapshot, and events must apply to the state before them: a recording that does not
+// replay is refused with the line at fault.
+func Load(r io.Reader) (*Recording, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 1<<20), 1<<30)
+	rec := &Recording{}
+	var view *engine.View
+	line := 0
+	for sc.Scan() {
+		line++
+		b := sc.Bytes()
+		if len(bytes.TrimSpace(b)) == 0 {
+			continue
+		}
+		f, err := wire.DecodeFrame(b)
+		if err != nil {
+			return nil, fmt.Errorf("record: line %d: %w", line, err)
+		}
+		switch f.Type {
+		case wire.FrameSnapshot:
+			v, err := engine.NewView(*f.Snapshot)
+			if err != nil {
+				return nil, fmt.Errorf("record: line %d: %w", line, err)
+			}
+			view = v
+			rec.items = append(rec.items, item{snap: f.Snapshot, step: f.Snapshot.Stamp.Step, at: f.Snapshot.Stamp.At})
+		case wire.FrameEvents:
+			if view == nil {
+				return nil, fmt.Errorf("record: line %d: events before any snapshot", line)
+			}
+			for _, ev := range f.Events {
+				if err := view.Apply(ev); err != nil {
+					return nil, fmt.Errorf("record: line %d: %w", line, err)
+				}
+				st := ev.When()
+				rec.items = append(rec.items, item{ev: ev, step: st.Step, at: st.At})
+			}
+		case wire.FrameDropped:
+			rec.Dropped += f.Dropped.Count
+		case wire.FrameStatus, wire.FrameHello, wire.FrameError:
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("record: line %d: %w", line+1, err)
+	}
+	if len(rec.items) == 0 {
+		return nil, fmt.Errorf("record: the recording holds no snapshot")
+	}
+	return rec, nil
+}
+
+// Open loads a recording file.
+func Open(path string) (*Recording, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("record: %w", err)
+	}
+	defer f.Close()
+	rec, err := Load(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return rec, nil
+}
+
+// Recording is a loaded recording: snapshots and events in order.
+type Recording struct {
+	items []item
+	// Dropped is how many events the recording dashboard lost (the snapshot after each loss
+	// is in the recording).
+	Dropped uint64
+}
+
+type item struct {
+	snap *engine.Snapshot // a snapshot, or
+	ev   engine.Event     // an event
+	step uint64
+	at   int64
+}
+
+// Steps returns the first and last step numbers the recording covers.
+func (rec *Recording) Steps() (first, last uint64) {
+	return rec.items[0].step, rec.items[len(rec.items)-1].step
+}
+
+// Len returns the number of events and snapshots.
+func (rec *Recording) Len() int { return len(rec.items) }
+
+// StateAt returns the state after everything recorded up to and including step: the last
+// snapshot at or before it with the events after it applied. It is how a player seeks.
+func (rec *Recording) StateAt(step uint64) (*engine.View, int, error) {
+	start := 0
+	for i, it := range rec.items {
+		if it.snap != nil && (it.step <= step || i == 0) {
+			start = i
+		}
+	}
+	v, err := engine.NewView(*rec.items[start].snap)
+	if err != nil {
+		return nil, 0, err
+	}
+	i := start + 1
+	for ; i < len(rec.items) && rec.items[i].step <= step; i++ {
+		it := rec.items[i]
+		if it.snap != nil {
+			if v, err = engine.NewView(*it.snap); err != nil {
+				return nil, 0, err
+			}
+			continue
+		}
+		if err := v.Apply(it.ev); err != nil {
+			return nil, 0, err
+		}
+	}
+	return v, i, nil
+}
