@@ -103,8 +103,8 @@ type Lockstep struct {
 	OnReady func(rd engine.Ready)
 	// BeforeStep, when set, runs after the driver's calls and before each step.
 	BeforeStep func()
-	calls   engineCalls
-	vnow    time.Duration
+	calls      engineCalls
+	vnow       time.Duration
 }
 
 // Run takes n steps.
