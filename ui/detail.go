@@ -26,6 +26,14 @@ type detailPanel struct {
 	width, height int
 	top           int
 
+	// The prefix path walks the whole tree: it is kept while the tree does not change.
+	prefixLines []string
+	prefixBy    struct {
+		ver uint64
+		id  string
+		seq int64
+	}
+
 	lines   []string
 	linesBy struct {
 		ver      uint64
@@ -114,7 +122,7 @@ func (p detailPanel) Refresh() detailPanel {
 	return p
 }
 
-func (p detailPanel) build() []string {
+func (p *detailPanel) build() []string {
 	st := p.st
 	v := p.w.view
 	switch {
@@ -188,7 +196,11 @@ func (p detailPanel) build() []string {
 	}
 
 	section("Prefix path")
-	out = append(out, p.prefixText(v, r)...)
+	if pb := p.prefixBy; pb.ver != p.w.prefixVer || pb.id != r.ID || pb.seq != r.Seq || p.prefixLines == nil {
+		p.prefixBy.ver, p.prefixBy.id, p.prefixBy.seq = p.w.prefixVer, r.ID, r.Seq
+		p.prefixLines = p.prefixText(v, r)
+	}
+	out = append(out, p.prefixLines...)
 
 	section("Hazards")
 	n := 0

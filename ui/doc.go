@@ -1,6 +1,52 @@
 // Package ui is kvtop's dashboard: a Bubble Tea program that draws one decode instance from a
 // small source interface, which both an in-process engine subscription and the websocket
-// client satisfy.
+// client satisfy, and explains why any request is stuck.
+//
+// # Usage
+//
+// Run it on the terminal:
+//
+//	src := rn.Local()                      // or the websocket client, or a replay
+//	err := ui.Run(ctx, src, ui.Options{
+//		Name:     "embedded",
+//		Control:  true,                    // pause and single step reach the engine
+//		OnUpdate: rec.Write,               // --record: every update, before it is folded
+//	})
+//
+// or build the model with New and run it in a tea.Program of your own; tests drive it with
+// tea.WithInput, tea.WithOutput, tea.WithWindowSize and tea.WithColorProfile, or by calling
+// Update and View directly.
+//
+// # What is on the screen
+//
+// A three-line header (instance, link, step and rate, hazards, badges; pages used and free;
+// requests by state), a tab bar, one of six panels, and a footer. The panels: requests (one
+// row a request, stuck ones first), pages (every page of the KV cache as a cell), prefix
+// (the radix tree), segments (the kv_append_metadata answers), events (the log) and detail
+// (one request: why it is stuck, with the admission test's numbers). From 150 columns the
+// requests and detail panels have the page map beside them, marking the selected request's
+// pages.
+//
+// # Data flow
+//
+// One re-armed command waits on Source.C and returns everything pending (Source.Take) as
+// one message; the model folds it into an engine.View (a snapshot starts a new one) and
+// arms the next wait only a frame later, so data is drawn at most Options.FPS times a
+// second however fast the engine steps, and nothing is drawn while nothing changes. An
+// event that does not fit the view stops the folding and asks the source for a snapshot.
+//
+// What the panels draw is derived from the View when a panel asks for it and the data has
+// changed since, in Update, never in View; each panel caches its text by the data's
+// version, its size and its selection, and the page map joins pre-rendered cell strings.
+//
+// Pausing (p) freezes what is drawn: the View is copied, the source is still read and
+// folded into the live View (nothing backs up), and the header counts what arrived. With
+// Options.Control the engine is paused too, and n steps it once, the frozen view following.
+//
+// # Concurrency
+//
+// The model runs on the Bubble Tea goroutine; the wait command and controls run on
+// command goroutines and only touch the Source, which must be safe for that.
 //
 // # Imports
 //

@@ -7,6 +7,7 @@ import "charm.land/bubbles/v2/key"
 type KeyMap struct {
 	Help      key.Binding
 	Quit      key.Binding
+	ForceQuit key.Binding // quits even while a filter is being typed
 	NextPanel key.Binding
 	PrevPanel key.Binding
 	Panel     [numPanels]key.Binding // 1…6
@@ -33,6 +34,7 @@ func DefaultKeyMap() KeyMap {
 	k := KeyMap{
 		Help:      key.NewBinding(key.WithKeys("?"), key.WithHelp("?", "help")),
 		Quit:      key.NewBinding(key.WithKeys("q", "ctrl+c"), key.WithHelp("q", "quit")),
+		ForceQuit: key.NewBinding(key.WithKeys("ctrl+c"), key.WithHelp("ctrl+c", "quit")),
 		NextPanel: key.NewBinding(key.WithKeys("tab"), key.WithHelp("tab", "next panel")),
 		PrevPanel: key.NewBinding(key.WithKeys("shift+tab"), key.WithHelp("shift+tab", "prev panel")),
 		Up:        key.NewBinding(key.WithKeys("up", "k"), key.WithHelp("↑/k", "up")),

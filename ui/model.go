@@ -338,6 +338,9 @@ func (m *Model) setStyles() {
 // onKey handles a key press: the filter prompt and the help overlay take keys first, then
 // the global bindings, then the active panel.
 func (m *Model) onKey(k tea.KeyPressMsg) tea.Cmd {
+	if key.Matches(k, m.keys.ForceQuit) {
+		return tea.Quit
+	}
 	if m.filtering {
 		m.filterKey(k)
 		return nil

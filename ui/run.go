@@ -47,7 +47,10 @@ func Run(ctx context.Context, src Source, opts Options) error {
 	defer src.Close()
 	var popts []tea.ProgramOption
 	popts = append(popts, tea.WithContext(ctx))
-	if opts.Profile == colorprofile.Unknown {
+	switch {
+	case opts.NoColor:
+		opts.Profile = colorprofile.ASCII
+	case opts.Profile == colorprofile.Unknown:
 		opts.Profile = colorprofile.Detect(os.Stdout, os.Environ())
 	}
 	popts = append(popts, tea.WithColorProfile(opts.Profile))
