@@ -101,7 +101,7 @@ func (m *Model) refreshHeader(w *world) {
 		if ps.QueryTokens > 0 {
 			hit = fmt.Sprintf("%.0f%%", 100*float64(ps.HitTokens)/float64(ps.QueryTokens))
 		}
-		extra := fmt.Sprintf(" · seqs %d · seq len %s · recycling %d · prefix hit %s (%s/%s tok)", c.NumSequences(),
+		extra := fmt.Sprintf(" · seqs %s · seq len %s · recycling %d · prefix hit %s (%s/%s tok)", humanize.Comma(int64(c.NumSequences())),
 			humanize.Comma(int64(c.TotalSequenceLength())), len(v.Recycling()), hit,
 			humanize.Comma(int64(ps.HitTokens)), humanize.Comma(int64(ps.QueryTokens)))
 		if m.width-len("pages ")-ansi.StringWidth(text)-ansi.StringWidth(extra) < 16 {
@@ -208,7 +208,7 @@ func (m *Model) requestsLine(w *world, long bool) string {
 	}
 	fmt.Fprintf(&l3, "%s %s", st.Label.Render(names[0]), num(s.waiting))
 	if s.blocked > 0 {
-		fmt.Fprintf(&l3, " %s", st.Bad.Render(fmt.Sprintf("(%s %d)", names[1], s.blocked)))
+		fmt.Fprintf(&l3, " %s", st.Bad.Render(fmt.Sprintf("(%s %s)", names[1], humanize.Comma(int64(s.blocked)))))
 	} else {
 		fmt.Fprintf(&l3, " %s", st.Dim.Render(fmt.Sprintf("(%s 0)", names[1])))
 	}
@@ -217,7 +217,7 @@ func (m *Model) requestsLine(w *world, long bool) string {
 	fmt.Fprintf(&l3, " · %s %s", st.Label.Render(names[4]), num(s.running))
 	fmt.Fprintf(&l3, " +%s %s", num(s.prefilling), names[5])
 	if s.stuck > 0 {
-		l3.WriteString(" · " + st.Bad.Render(fmt.Sprintf("! %s %d", names[6], s.stuck)))
+		l3.WriteString(" · " + st.Bad.Render(fmt.Sprintf("! %s %s", names[6], humanize.Comma(int64(s.stuck)))))
 	}
 	return l3.String()
 }

@@ -171,27 +171,25 @@ func (p prefixPanel) render() string {
 		var what string
 		switch m.Match {
 		case prefix.Fork:
-			what = fmt.Sprintf("fork of seq %d", m.Parent)
+			what = fmt.Sprintf("fork of seq %d at %d tokens", m.Parent, m.Matched)
 		case prefix.Reuse:
-			what = fmt.Sprintf("reuse of seq %d, %d popped", m.Parent, m.Pop)
+			what = fmt.Sprintf("reuse of seq %d, %d tokens matched, %d popped", m.Parent, m.Matched, m.Pop)
 		default:
-			what = "new sequence"
+			what = "new sequence, nothing matched"
 		}
-		path := make([]string, len(m.Path))
-		for i, id := range m.Path {
-			path[i] = fmt.Sprintf("#%d", id)
+		path := []string{"root"}
+		for _, id := range m.Path {
+			if id != 0 {
+				path = append(path, fmt.Sprintf("#%d", id))
+			}
 		}
-		b.WriteString(fit(st.Path.Render(fmt.Sprintf("last match: %s %s → seq %d, %s, matched %d tokens (%d candidates) · path %s",
-			m.ID, m.Match, m.Seq, what, m.Matched, m.Candidates, strings.Join(path, " → "))), p.width))
+		b.WriteString(fit(st.Path.Render(fmt.Sprintf("last match (%s): %s → seq %d, %s (%d candidates) · path %s",
+			m.Match, m.ID, m.Seq, what, m.Candidates, strings.Join(path, " → "))), p.width))
 	} else {
 		b.WriteString(st.Dim.Render("no match seen since the dashboard started"))
 	}
 	h := p.visible()
 	end := min(p.cur.top+h, len(p.lines))
-	rec := make(map[int64]bool)
-	for _, s := range v.Recycling() {
-		rec[s] = true
-	}
 	for i := p.cur.top; i < end; i++ {
 		l := p.lines[i]
 		n := l.node
@@ -218,7 +216,7 @@ func (p prefixPanel) render() string {
 				fmt.Fprintf(&t, " +%d more", len(n.Seqs)-3)
 				break
 			}
-			t.WriteString(" · " + seqText(v, s, rec))
+			t.WriteString(" · " + seqText(v, s))
 		}
 		if p.onPath[n.ID] {
 			t.WriteString("  ◀ " + string(p.w.lastMatch.Match.String()))
@@ -243,7 +241,7 @@ func (p prefixPanel) render() string {
 		n := p.lines[p.cur.pos].node
 		var seqs []string
 		for _, s := range n.Seqs {
-			seqs = append(seqs, seqText(v, s, rec))
+			seqs = append(seqs, seqText(v, s))
 		}
 		if len(seqs) == 0 {
 			seqs = []string{"no sequence ends here"}
@@ -255,7 +253,7 @@ func (p prefixPanel) render() string {
 
 func seqText(v interface {
 	Owner(int64) (string, bool)
-}, s prefix.SeqRef, rec map[int64]bool) string {
+}, s prefix.SeqRef) string {
 	t := fmt.Sprintf("seq %d %s", s.ID, s.State)
 	if id, ok := v.Owner(s.ID); ok {
 		t += " (" + id + ")"

@@ -439,10 +439,10 @@ func (p requestsPanel) render() string {
 	}
 	title += " · sort " + p.sortName()
 	if stuck > 0 {
-		title += " · " + st.Stuck.Render(fmt.Sprintf("! %d stuck", stuck))
+		title += " · " + st.Stuck.Render("! "+humanize.Comma(int64(stuck))+" stuck")
 	}
 	if hz > 0 {
-		title += " · " + st.Hazardous.Render(fmt.Sprintf("* %d with hazards", hz))
+		title += " · " + st.Hazardous.Render("* "+humanize.Comma(int64(hz))+" with hazards")
 	}
 	b.WriteString(fit(title, p.width))
 	b.WriteByte('\n')
