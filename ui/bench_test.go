@@ -42,7 +42,7 @@ var big = sync.OnceValue(func() engine.Update {
 	return s.update()
 })
 
-func bigModel(b *testing.B, w, h int) *Model {
+func bigModel(b testing.TB, w, h int) *Model {
 	m, _ := feed(b, nil, Options{Name: "bench", Control: true}, w, h)
 	m.Update(updateMsg{big()})
 	return m

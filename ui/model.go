@@ -76,7 +76,6 @@ type Model struct {
 	behind     uint64
 	refreeze   bool // a single step was asked while frozen
 	closed     bool
-	updates    uint64
 
 	width, height int
 	active        panelID
@@ -244,7 +243,6 @@ func (m *Model) fold(u engine.Update) tea.Cmd {
 	if m.opts.OnUpdate != nil {
 		m.opts.OnUpdate(u)
 	}
-	m.updates++
 	var cmd tea.Cmd
 	if u.Status != nil {
 		m.status, m.haveStatus = *u.Status, true

@@ -70,6 +70,8 @@ type pageData struct {
 	// the last one seen, and the block's pages.
 	users, nonRec, blockPages []int32
 	lastUser                  []int64
+	// fellBack says the View's requests did not account for every sequence.
+	fellBack bool
 }
 
 // pages returns the page data, rebuilding it when the world has changed.
@@ -231,7 +233,8 @@ func seqsOf(v *engine.View, pd *pageData) {
 		}
 		add(s)
 	}
-	if len(pd.ids) != c.NumSequences() {
+	pd.fellBack = len(pd.ids) != c.NumSequences()
+	if pd.fellBack {
 		pd.ids, pd.chainAt, pd.chains = pd.ids[:0], pd.chainAt[:0], pd.chains[:0]
 		for _, s := range c.SequenceIDs() {
 			add(s)
