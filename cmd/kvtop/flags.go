@@ -11,7 +11,15 @@ import (
 // engineFlags registers the engine settings shared by the demo and serve, and returns a
 // function that builds the validated configuration once the flags are parsed.
 func engineFlags(fs *flag.FlagSet) func() (engine.Config, float64, error) {
-	d := engine.DefaultConfig()
+	build := engineFlagsOver(fs)
+	return func() (engine.Config, float64, error) { return build(engine.DefaultConfig()) }
+}
+
+// engineFlagsOver is engineFlags for a base configuration other than the defaults (a
+// scenario's): the flags given on the command line are applied over the base, the others
+// leave it as it is.
+func engineFlagsOver(fs *flag.FlagSet) func(base engine.Config) (engine.Config, float64, error) {
+	d := engine.DefaultConfig() // for the defaults --help shows
 	pageSize := fs.Int("page-size", d.PageSize, "KV cache page size in tokens (MLC's kv_cache_page_size)")
 	maxTotal := fs.Int("max-total-seq-len", d.MaxTotalSequenceLength,
 		"KV capacity in tokens; sets the page count (ceil(len/page)+1). MLC's default of 4096 gives\n257 pages, which the 400-page prepare-receive watermark never admits")
@@ -33,24 +41,31 @@ func engineFlags(fs *flag.FlagSet) func() (engine.Config, float64, error) {
 	seed := fs.Uint64("seed", d.Seed, "seed of the simulated tokens (and of the workload)")
 	keep := fs.Int("keep-finished", d.KeepFinished, "finished requests remembered for the dashboard")
 	rate := fs.Float64("steps-per-sec", 0, "engine steps per second; 0 runs as fast as possible")
-	return func() (engine.Config, float64, error) {
-		c := d
-		c.PageSize = *pageSize
-		c.MaxTotalSequenceLength = *maxTotal
-		c.MaxNumSequence = *maxNumSeq
-		c.MaxSingleSequenceLength = *maxSingle
-		c.PrefillChunkSize = *chunk
-		c.PrefixCache = *prefixMode
-		c.MaxRecycling = *maxRecycling
-		c.Watermark = *watermark
-		c.SpecDraftLength = *specDraft
-		c.Models = *models
-		c.ArenaLimit = *arenaLimit
-		c.PreparedAgeLimit = *ageLimit
-		c.ReclaimAfter = *reclaim
-		c.ExcludeUnreceived = *exclude
-		c.Seed = *seed
-		c.KeepFinished = *keep
+	return func(base engine.Config) (engine.Config, float64, error) {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		c := base
+		apply := func(name string, f func()) {
+			if set[name] {
+				f()
+			}
+		}
+		apply("page-size", func() { c.PageSize = *pageSize })
+		apply("max-total-seq-len", func() { c.MaxTotalSequenceLength = *maxTotal })
+		apply("max-num-seq", func() { c.MaxNumSequence = *maxNumSeq })
+		apply("max-single-seq-len", func() { c.MaxSingleSequenceLength = *maxSingle })
+		apply("prefill-chunk", func() { c.PrefillChunkSize = *chunk })
+		apply("prefix-cache", func() { c.PrefixCache = *prefixMode })
+		apply("max-recycling", func() { c.MaxRecycling = *maxRecycling })
+		apply("watermark", func() { c.Watermark = *watermark })
+		apply("spec-draft-len", func() { c.SpecDraftLength = *specDraft })
+		apply("models", func() { c.Models = *models })
+		apply("arena-limit", func() { c.ArenaLimit = *arenaLimit })
+		apply("age-limit", func() { c.PreparedAgeLimit = *ageLimit })
+		apply("reclaim-after", func() { c.ReclaimAfter = *reclaim })
+		apply("exclude-unreceived", func() { c.ExcludeUnreceived = *exclude })
+		apply("seed", func() { c.Seed = *seed })
+		apply("keep-finished", func() { c.KeepFinished = *keep })
 		if *arena != "" {
 			var g pages.Geometry
 			var rest string

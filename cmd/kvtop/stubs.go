@@ -12,12 +12,3 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	return 1
 }
 
-func runReplay(args []string, stdout, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "kvtop replay: not built yet")
-	return 1
-}
-
-func runDashboard(args []string, stdout, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "kvtop: the dashboard is not built yet")
-	return 1
-}

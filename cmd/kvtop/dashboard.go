@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/engine/runner"
+	"github.com/kvtop/kvtop/record"
+	"github.com/kvtop/kvtop/sim"
+	"github.com/kvtop/kvtop/ui"
+	"github.com/kvtop/kvtop/wire"
+)
+
+// demoStepsPerSec paces the demo's engine so a person can follow it.
+const demoStepsPerSec = 20
+
+// dashboardConfig is what the dashboard command was asked to do.
+type dashboardConfig struct {
+	attach   string
+	token    string
+	scenario sim.Scenario
+	opts     sim.Options
+	engine   engine.Config
+	rate     float64
+	record   string
+	ui       ui.Options
+}
+
+// parseDashboard reads the dashboard command's flags: the demo's (a scenario and the engine
+// settings) or --attach's.
+func parseDashboard(args []string, stderr io.Writer) (dashboardConfig, error) {
+	var dc dashboardConfig
+	fs := flag.NewFlagSet("kvtop", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `Usage:
+  kvtop [--scenario NAME] [engine flags]   the demo: an embedded engine under a built-in workload
+  kvtop --attach HOST:PORT [--token T]     the dashboard on a running 'kvtop serve'
+
+The demo's scenarios (--scenario):
+`)
+		for _, s := range sim.Scenarios() {
+			fmt.Fprintf(stderr, "  %-14s %s\n", s.Name, s.Summary)
+		}
+		fmt.Fprint(stderr, "\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	attach := fs.String("attach", "", "attach to a running 'kvtop serve' at HOST:PORT (or a ws://, wss://, http:// URL)")
+	token := fs.String("token", "", "bearer token for --attach (default $KVTOP_TOKEN)")
+	scenario := fs.String("scenario", "chat", "the demo's workload (see above)")
+	tracePath := fs.String("trace", "", "the trace scenario's Mooncake-format JSONL file")
+	speed := fs.Float64("speed", 1, "the trace scenario's time scale (2 replays twice as fast)")
+	rec := fs.String("record", "", "write what the dashboard receives to FILE (play it back with 'kvtop replay FILE')")
+	noColor := fs.Bool("no-color", false, "draw without colour (NO_COLOR in the environment does too)")
+	light := fs.Bool("light", false, "styles for a light terminal background")
+	mouse := fs.Bool("mouse", false, "scroll with the mouse wheel")
+	build := engineFlagsOver(fs)
+	if err := fs.Parse(args); err != nil {
+		return dc, err
+	}
+	if fs.NArg() > 0 {
+		return dc, fmt.Errorf("unexpected argument %q (commands: serve, replay, help)", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	dc.attach, dc.token, dc.record = *attach, *token, *rec
+	if dc.token == "" {
+		dc.token = os.Getenv("KVTOP_TOKEN")
+	}
+	dc.ui = ui.Options{NoColor: *noColor, Light: *light, Mouse: *mouse}
+	if dc.attach != "" {
+		for name := range set {
+			if name != "attach" && name != "token" && name != "record" && name != "no-color" && name != "light" && name != "mouse" {
+				return dc, fmt.Errorf("--%s is for the demo; with --attach the server's settings apply", name)
+			}
+		}
+		if _, err := wire.StreamURL(dc.attach); err != nil {
+			return dc, err
+		}
+		return dc, nil
+	}
+	if set["token"] {
+		return dc, errors.New("--token is for --attach")
+	}
+	sc, err := sim.Lookup(*scenario)
+	if err != nil {
+		return dc, err
+	}
+	if *speed <= 0 {
+		return dc, fmt.Errorf("--speed %v must be positive", *speed)
+	}
+	if *tracePath != "" && sc.Name != "trace" {
+		return dc, fmt.Errorf("--trace is for --scenario trace")
+	}
+	base := engine.DefaultConfig()
+	sc.Configure(&base)
+	cfg, rate, err := build(base)
+	if err != nil {
+		return dc, err
+	}
+	if !set["steps-per-sec"] {
+		rate = demoStepsPerSec
+	}
+	dc.scenario, dc.engine, dc.rate = sc, cfg, rate
+	dc.opts = sim.Options{Seed: cfg.Seed, TracePath: *tracePath, Speed: *speed}
+	return dc, nil
+}
+
+// runDashboard is `kvtop` (the demo) and `kvtop --attach`.
+func runDashboard(args []string, stdout, stderr io.Writer) int {
+	dc, err := parseDashboard(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvtop: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	src, name, control, err := dashboardSource(ctx, dc, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvtop: %v\n", err)
+		return 1
+	}
+	opts := dc.ui
+	opts.Name, opts.Control = name, control
+	if dc.record != "" {
+		rec, err := record.Create(dc.record)
+		if err != nil {
+			src.Close()
+			fmt.Fprintf(stderr, "kvtop: %v\n", err)
+			return 1
+		}
+		defer func() {
+			if err := rec.Close(); err != nil {
+				fmt.Fprintf(stderr, "kvtop: %v\n", err)
+			}
+		}()
+		opts.OnUpdate = func(u engine.Update) { _ = rec.Write(u) }
+	}
+	if err := ui.Run(ctx, src, opts); err != nil && !errors.Is(err, context.Canceled) {
+		fmt.Fprintf(stderr, "kvtop: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// dashboardSource starts what the dashboard draws: the demo's engine and workload, or the
+// client attached to a server.
+func dashboardSource(ctx context.Context, dc dashboardConfig, stderr io.Writer) (ui.Source, string, bool, error) {
+	if dc.attach != "" {
+		opts := wire.ClientOptions{Token: dc.token}
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		c, err := wire.Dial(dctx, dc.attach, opts)
+		switch {
+		case err == nil:
+			return c, "", false, nil
+		case errors.Is(err, wire.ErrUnauthorized):
+			return nil, "", false, fmt.Errorf("attach %s: the server refused the token (pass the one 'kvtop serve --token' was given, with --token or $KVTOP_TOKEN)", dc.attach)
+		case errors.Is(err, wire.ErrVersion), errors.Is(err, wire.ErrForbidden):
+			return nil, "", false, fmt.Errorf("attach %s: %w", dc.attach, err)
+		}
+		// Not reachable yet: say so, and keep trying in the dashboard, which shows it.
+		fmt.Fprintf(stderr, "kvtop: cannot reach %s yet (%v); retrying in the dashboard\n", dc.attach, err)
+		c, err = wire.Attach(dc.attach, opts)
+		if err != nil {
+			return nil, "", false, err
+		}
+		return c, "", false, nil
+	}
+	e, err := engine.New(dc.engine)
+	if err != nil {
+		return nil, "", false, err
+	}
+	w, err := dc.scenario.New(dc.opts)
+	if err != nil {
+		return nil, "", false, err
+	}
+	drv := sim.NewDriver(w, dc.scenario.Driver)
+	r := runner.New(e, runner.Config{StepsPerSec: dc.rate, Clock: time.Now, Hook: sim.NewHook(drv)})
+	go r.Run(ctx)
+	name := "embedded · " + dc.scenario.Name
+	if dc.scenario.Name == "trace" {
+		name += " " + shortPath(dc.opts.TracePath)
+	}
+	return r.Local(), name, true, nil
+}
+
+func shortPath(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[i+1:]
+	}
+	return p
+}
