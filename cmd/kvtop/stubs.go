@@ -11,4 +11,3 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintln(stderr, "kvtop serve: not built yet")
 	return 1
 }
-
