@@ -258,7 +258,7 @@ func (m *Model) fold(u engine.Update) tea.Cmd {
 		} else {
 			w.view, m.diverged = v, nil
 			m.clock++
-			w.prefixVer = m.clock
+			w.prefixVer, w.pageVer = m.clock, m.clock
 		}
 		changed = true
 	}
@@ -278,6 +278,10 @@ func (m *Model) fold(u engine.Update) tea.Cmd {
 		}
 		if w.view == nil || m.diverged != nil {
 			continue
+		}
+		if touchesPages(ev) && w.pageVer <= w.ver {
+			m.clock++
+			w.pageVer = m.clock
 		}
 		if err := w.view.Apply(ev); err != nil {
 			m.diverged = err
@@ -312,7 +316,7 @@ func (m *Model) freeze() {
 		}
 	}
 	m.touch(f)
-	f.prefixVer = f.ver
+	f.prefixVer, f.pageVer = f.ver, f.ver
 	m.frozen = f
 	m.behind = 0
 }

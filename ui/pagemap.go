@@ -7,6 +7,7 @@ import (
 
 	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
+	"charm.land/lipgloss/v2"
 	"github.com/dustin/go-humanize"
 )
 
@@ -23,8 +24,11 @@ type pagesPanel struct {
 	width, height int
 	cursor        int // a page; the cursor is on the cell holding it
 
-	// cells are the pre-rendered cell strings: [state][plain, marked, cursor].
+	// cells are the pre-rendered cell strings: [state][plain, marked, cursor]. A row of
+	// cells is joined by hand from their parts, opening a style only where it changes: a
+	// run of like cells costs its glyphs, not an escape sequence each.
 	cells    [numPageStates][3]string
+	parts    [numPageStates][3]cellParts
 	cellsGen int
 
 	// Derived per (world version, group size, selection).
@@ -141,6 +145,9 @@ func (p pagesPanel) Refresh() pagesPanel {
 		for s := range numPageStates {
 			g := p.st.Glyph[s]
 			p.cells[s] = [3]string{p.st.Cell[s].Render(g), p.st.CellMark[s].Render(g), p.st.CellCursor[s].Render(g)}
+			for v, st := range [3]lipgloss.Style{p.st.Cell[s], p.st.CellMark[s], p.st.CellCursor[s]} {
+				p.parts[s][v] = splitStyle(st, g)
+			}
 		}
 	}
 	n := p.numPages()
@@ -148,7 +155,7 @@ func (p pagesPanel) Refresh() pagesPanel {
 	l := p.layout()
 	if p.w.view != nil {
 		ck := p.cellKey
-		ck.ver, ck.group, ck.sel = p.w.ver, l.group, p.sel
+		ck.ver, ck.group, ck.sel = p.w.pageVer, l.group, p.sel
 		if ck != p.cellKey || p.cellState == nil {
 			p.cellKey = ck
 			p.deriveCells(l)
@@ -256,25 +263,37 @@ func (p pagesPanel) render(l pageLayout) string {
 	b.WriteString(lg.String())
 
 	curCell := p.cursor / l.group
+	b.Grow(l.rows * (l.labelW + l.cols*4 + 64))
 	for row := range l.rows {
 		b.WriteByte('\n')
 		if l.labelW > 0 {
 			fmt.Fprintf(&b, "%6d ", row*l.cols*l.group)
 		}
+		var open *cellParts
 		for col := range l.cols {
 			cell := row*l.cols + col
 			if cell >= l.cells {
 				break
 			}
-			s := p.cellState[cell]
+			v := 0
 			switch {
 			case cell == curCell:
-				b.WriteString(p.cells[s][2])
+				v = 2
 			case p.marked[cell]:
-				b.WriteString(p.cells[s][1])
-			default:
-				b.WriteString(p.cells[s][0])
+				v = 1
 			}
+			cp := &p.parts[p.cellState[cell]][v]
+			if open == nil || cp.open != open.open {
+				if open != nil {
+					b.WriteString(open.close)
+				}
+				b.WriteString(cp.open)
+				open = cp
+			}
+			b.WriteString(cp.glyph)
+		}
+		if open != nil {
+			b.WriteString(open.close)
 		}
 	}
 	gh := max(p.height-1-l.legend-pageInfoLines, 1)
@@ -399,4 +418,18 @@ func (p pagesPanel) ownerAtCursor() string {
 		}
 	}
 	return ""
+}
+
+// cellParts is a styled cell cut in three: the escape sequence that opens its style, its
+// glyph, and the one that closes it.
+type cellParts struct{ open, glyph, close string }
+
+// splitStyle renders a glyph and cuts the result around it.
+func splitStyle(st lipgloss.Style, glyph string) cellParts {
+	r := st.Render(glyph)
+	i := strings.Index(r, glyph)
+	if i < 0 {
+		return cellParts{glyph: r}
+	}
+	return cellParts{open: r[:i], glyph: glyph, close: r[i+len(glyph):]}
 }

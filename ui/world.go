@@ -18,7 +18,11 @@ type world struct {
 	// prefix tree or the last match does.
 	ver       uint64
 	prefixVer uint64
-	events    *eventLog
+	// pageVer changes only with the events that change what pageData holds, so a
+	// steady trickle of step summaries (an idle engine steps four times a second) does not
+	// walk 65,536 pages again.
+	pageVer uint64
+	events  *eventLog
 	// lastMatch is the most recent PrefixMatched seen (the View keeps only its effects).
 	lastMatch    engine.PrefixMatched
 	hasLastMatch bool
@@ -67,9 +71,9 @@ type pageData struct {
 	chains   []int32
 	seqPages []int32
 	// By block id: how many sequences use the block, how many of them are not recycling,
-	// the last one seen, and the block's pages.
+	// whether the last one seen is leaked, and the block's pages.
 	users, nonRec, blockPages []int32
-	lastUser                  []int64
+	lastLeaked                []bool
 	// fellBack says the View's requests did not account for every sequence.
 	fellBack bool
 }
@@ -79,12 +83,23 @@ func (w *world) pages() *pageData {
 	if w.view == nil {
 		return &w.pg
 	}
-	if w.pgVer == w.ver && w.pg.state != nil {
+	if w.pgVer == w.pageVer && w.pg.state != nil {
 		return &w.pg
 	}
-	w.pgVer = w.ver
+	w.pgVer = w.pageVer
 	buildPages(&w.pg, w.view)
 	return &w.pg
+}
+
+// touchesPages says whether an event can change pageData. Those that cannot leave the
+// request order alone too, or (an arrival) only append to it.
+func touchesPages(ev engine.Event) bool {
+	switch ev.(type) {
+	case engine.StepCompleted, engine.PrepareBlocked, engine.RequestArrived, engine.HazardDetected,
+		engine.PrefixChanged, engine.Prefilled:
+		return false
+	}
+	return true
 }
 
 // grow returns s with room for index i, zeroing what it adds.
@@ -120,15 +135,16 @@ func buildPages(pd *pageData, v *engine.View) {
 	pd.chains = pd.chains[:0]
 	seqsOf(v, pd)
 	for i, id := range pd.ids {
+		isRec, isLeaked := rec[id], leaked[id]
 		for _, b := range pd.chains[pd.chainAt[i]:pd.chainAt[i+1]] {
 			pd.users = grow(pd.users, int(b))
 			pd.nonRec = grow(pd.nonRec, int(b))
-			pd.lastUser = grow(pd.lastUser, int(b))
+			pd.lastLeaked = grow(pd.lastLeaked, int(b))
 			pd.users[b]++
-			if !rec[id] {
+			if !isRec {
 				pd.nonRec[b]++
 			}
-			pd.lastUser[b] = id
+			pd.lastLeaked[b] = isLeaked
 		}
 	}
 	for pg := range n {
@@ -144,7 +160,7 @@ func buildPages(pd *pageData, v *engine.View) {
 			pd.state[pg] = pgRecycling
 		case pd.users[b] > 1:
 			pd.state[pg] = pgShared
-		case leaked[pd.lastUser[b]]:
+		case pd.lastLeaked[b]:
 			pd.state[pg] = pgLeaked
 		default:
 			pd.state[pg] = pgActive

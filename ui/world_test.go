@@ -110,3 +110,25 @@ func BenchmarkPageStates(b *testing.B) {
 		}
 	})
 }
+
+// TestIdleStepsKeepPages checks that step summaries alone (an idle engine's) do not walk
+// the pages again, and that a KV write does.
+func TestIdleStepsKeepPages(t *testing.T) {
+	s := watermark(t)
+	m, _ := feed(t, s, Options{}, 120, 40)
+	m.live.pages()
+	built := m.live.pgVer
+	mark := s.mark()
+	s.step(3) // nothing to do: the head stays blocked
+	m.Update(updateMsg{s.delta(mark)})
+	m.live.pages()
+	if m.live.pgVer != built {
+		t.Errorf("idle steps rebuilt the page states: %v", s.events[mark:])
+	}
+	mark = s.mark()
+	s.receive("r-00", 1, 2)
+	m.Update(updateMsg{s.delta(mark)})
+	if pd := m.live.pages(); m.live.pgVer == built || pd.count[pgPartial] == 0 {
+		t.Errorf("a KV write did not rebuild the page states (%d partly received)", pd.count[pgPartial])
+	}
+}
