@@ -7,6 +7,7 @@ import (
 
 	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
+	"charm.land/lipgloss/v2"
 
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/prefix"
@@ -254,14 +255,14 @@ func (p detailPanel) why(v *engine.View, r *engine.RequestView, now engine.Stamp
 			}
 			return []string{"  waiting, not evaluated yet: it arrived after the last prepare-receive pass; the next step evaluates it"}
 		}
-		out = append(out, st.Bad.Render("  "+ev.String()))
+		out = append(out, p.para(st.Bad, ev.String())...)
 		if ev.Reason == prepare.ReasonHeadOfLine {
 			head := v.Head()
 			if head == nil || head.Eval == nil {
 				return out
 			}
-			out = append(out, fmt.Sprintf("  admission is first-in first-out: nothing behind %s is admitted until it is; %s is blocked by:", head.ID, head.ID))
-			out = append(out, st.Bad.Render("  "+head.Eval.String()))
+			out = append(out, p.para(st.Label, fmt.Sprintf("admission is first-in first-out: nothing behind %s is admitted until it is; %s is blocked by:", head.ID, head.ID))...)
+			out = append(out, p.para(st.Bad, head.Eval.String())...)
 			ev = *head.Eval
 		}
 		out = append(out, "")
@@ -279,12 +280,12 @@ func (p detailPanel) why(v *engine.View, r *engine.RequestView, now engine.Stamp
 		out = append(out, line)
 		switch {
 		case r.State == engine.StatePrepared:
-			out = append(out, "  waiting for the prefill instance to write its KV (remote_send), then for start_generate")
+			out = append(out, p.para(st.Label, "waiting for the prefill instance to write its KV (remote_send), then for start_generate")...)
 		default:
-			out = append(out, "  its KV is complete: waiting for the router's start_generate")
+			out = append(out, p.para(st.Label, "its KV is complete: waiting for the router's start_generate")...)
 		}
 		if limit > 0 && age >= limit {
-			out = append(out, st.Bad.Render(fmt.Sprintf("  past the %s age limit: the router likely never calls start_generate, or the prefill instance never wrote; MLC never frees it (a leak)", dur(limit))))
+			out = append(out, p.para(st.Bad, fmt.Sprintf("past the %s age limit: the router likely never calls start_generate, or the prefill instance never wrote; MLC never frees it (a leak)", dur(limit)))...)
 		} else if limit > 0 {
 			out = append(out, st.Dim.Render(fmt.Sprintf("  flagged as a likely leak after %s", dur(limit))))
 		}
@@ -297,7 +298,7 @@ func (p detailPanel) why(v *engine.View, r *engine.RequestView, now engine.Stamp
 	default:
 		out = append(out, fmt.Sprintf("  %s (%s) after %d tokens", r.State, r.FinishReason, r.Generated))
 		if r.Leaked {
-			out = append(out, st.Bad.Render(fmt.Sprintf("  LEAKED: aborted while prepared; its sequence %d keeps its pages and its prefix entry, and MLC never frees them", r.Seq)))
+			out = append(out, p.para(st.Bad, fmt.Sprintf("LEAKED: aborted while prepared; its sequence %d keeps its pages and its prefix entry, and MLC never frees them", r.Seq))...)
 		}
 	}
 	return out
@@ -428,4 +429,39 @@ func plural(n int, noun string) string {
 		return "1 " + noun
 	}
 	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// para wraps a sentence to the panel's width, indented, each line styled: the reasons are
+// what a person reads this panel for, so they are never cut.
+func (p detailPanel) para(st lipgloss.Style, text string) []string {
+	lines := wrap(text, max(p.width-2, 20))
+	for i, l := range lines {
+		lines[i] = st.Render("  " + l)
+	}
+	return lines
+}
+
+// wrap breaks plain text into lines of at most w columns, at spaces where it can.
+func wrap(text string, w int) []string {
+	var out []string
+	var line strings.Builder
+	lw := 0
+	for word := range strings.FieldsSeq(text) {
+		ww := width(word)
+		if lw > 0 && lw+1+ww > w {
+			out = append(out, line.String())
+			line.Reset()
+			lw = 0
+		}
+		if lw > 0 {
+			line.WriteByte(' ')
+			lw++
+		}
+		line.WriteString(word)
+		lw += ww
+	}
+	if lw > 0 || len(out) == 0 {
+		out = append(out, line.String())
+	}
+	return out
 }

@@ -32,6 +32,7 @@ func TestGolden(t *testing.T) {
 		{name: "busy_prepared_detail", s: busy, w: 100, h: 45, keys: []string{"/", "b-03", "enter", "enter"}},
 		{name: "busy_headofline_detail", s: busy, w: 100, h: 45, keys: []string{"/", "b-25", "enter", "enter"}},
 		{name: "watermark_detail", s: watermark, w: 100, h: 45, keys: []string{"enter"}},
+		{name: "never_admitted_detail", s: neverAdmitted, w: 100, h: 30, keys: []string{"enter"}},
 		{name: "narrow_80x24", s: watermark, w: 80, h: 24},
 		{name: "narrow_80x24_detail", s: watermark, w: 80, h: 24, keys: []string{"enter", "j", "j", "j"}},
 		{name: "narrow_80x24_help", s: watermark, w: 80, h: 24, keys: []string{"?"}},

@@ -233,6 +233,19 @@ func watermark(tb testing.TB) *script {
 	return s.step(1)
 }
 
+// neverAdmitted is MLC's default capacity: 4,096 tokens give 257 pages, and the 400-page
+// watermark admits nothing, ever.
+func neverAdmitted(tb testing.TB) *script {
+	s := newScript(tb, func(c *engine.Config) {
+		c.MaxTotalSequenceLength = 4096
+		c.MaxSingleSequenceLength = 4096
+	})
+	for i := range 3 {
+		s.prep(fmt.Sprintf("r-%d", i), 40, 0, 16)
+	}
+	return s.step(1)
+}
+
 // busy is a decode instance in the middle of things: requests sharing a prefix (forks),
 // KV arriving in part, requests decoding, finished ones recycling, a prepared request
 // aborted (leaked), a start before the KV arrived (hazard), and the watermark blocking the

@@ -401,3 +401,21 @@ func TestWidth(t *testing.T) {
 		}
 	}
 }
+
+func TestWrap(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		w    int
+		want []string
+	}{
+		{"", 10, []string{""}},
+		{"a b c", 10, []string{"a b c"}},
+		{"needs 3 + 400 pages, 257 free", 12, []string{"needs 3 +", "400 pages,", "257 free"}},
+		{"averyveryverylongword x", 5, []string{"averyveryverylongword", "x"}},
+	} {
+		got := wrap(tc.in, tc.w)
+		if strings.Join(got, "|") != strings.Join(tc.want, "|") {
+			t.Errorf("wrap(%q, %d) = %q, want %q", tc.in, tc.w, got, tc.want)
+		}
+	}
+}
