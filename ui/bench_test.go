@@ -50,8 +50,9 @@ func bigModel(b testing.TB, w, h int) *Model {
 
 // BenchmarkFrame measures building a 200×60 frame of the requests table with the page map
 // beside it, on 10,000 requests and 65,536 pages: when the data changed (derive the page
-// states and the rows again, then render), when only the cursor moved (render), and when
-// nothing changed (View).
+// states and the rows again, then render), when only step summaries came (the rows again),
+// when only the cursor moved (render), and when nothing changed (View); then the same for
+// the page map alone.
 func BenchmarkFrame(b *testing.B) {
 	m := bigModel(b, 200, 60)
 	if n := len(m.live.view.Requests()); n < 10000 {
@@ -60,10 +61,27 @@ func BenchmarkFrame(b *testing.B) {
 	if n := m.live.view.Cache().NumPages(); n != 65536 {
 		b.Fatalf("%d pages", n)
 	}
+	// What changed: events that touch the pages (the worst case: the page states are walked
+	// again), or only step summaries (an idle engine's).
+	changed := func(pages bool) {
+		if pages {
+			m.clock++
+			m.live.pageVer = m.clock
+		}
+		m.touch(m.live)
+	}
 	b.Run("data-changed", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			m.touch(m.live)
+			changed(true)
+			m.refresh()
+			_ = m.View()
+		}
+	})
+	b.Run("steps-only", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			changed(false)
 			m.refresh()
 			_ = m.View()
 		}
@@ -89,7 +107,7 @@ func BenchmarkFrame(b *testing.B) {
 	b.Run("page-map-data-changed", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			m.touch(m.live)
+			changed(true)
 			m.refresh()
 			_ = m.View()
 		}

@@ -57,6 +57,8 @@ type requestsPanel struct {
 	filter        filterSpec
 
 	rows    []reqRow
+	spare   []reqRow // the other buffer rows are sorted into, kept for the next build
+	refs    []sortRef
 	all     int
 	rowsKey struct {
 		ver     uint64
@@ -218,10 +220,11 @@ func (p *requestsPanel) sortRows() {
 	case p.sort == sortArrival && !p.reverse:
 		return // built in arrival order
 	case p.sort == sortStuck && !p.reverse:
-		p.rows = bucketSort(p.rows)
+		p.rows, p.spare = bucketSort(p.rows, p.spare[:0]), p.rows
 		return
 	}
-	refs := make([]sortRef, len(p.rows))
+	refs := slices.Grow(p.refs[:0], len(p.rows))[:len(p.rows)]
+	p.refs = refs
 	for i := range p.rows {
 		r := &p.rows[i]
 		var k int64
@@ -251,16 +254,16 @@ func (p *requestsPanel) sortRows() {
 		by = func(a, b sortRef) int { return fwd(b, a) }
 	}
 	slices.SortFunc(refs, by)
-	sorted := make([]reqRow, len(p.rows))
-	for i, ref := range refs {
-		sorted[i] = p.rows[ref.idx]
+	sorted := p.spare[:0]
+	for _, ref := range refs {
+		sorted = append(sorted, p.rows[ref.idx])
 	}
-	p.rows = sorted
+	p.rows, p.spare = sorted, p.rows
 }
 
 // bucketSort orders rows stuck first, then by state rank, keeping arrival order within
 // each: the default order, in linear time.
-func bucketSort(rows []reqRow) []reqRow {
+func bucketSort(rows, dst []reqRow) []reqRow {
 	const ranks = 9
 	var count [2 * ranks]int
 	bucket := func(r *reqRow) int {
@@ -277,7 +280,7 @@ func bucketSort(rows []reqRow) []reqRow {
 	for b := range count {
 		at, count[b] = at+count[b], at
 	}
-	out := make([]reqRow, len(rows))
+	out := slices.Grow(dst[:0], len(rows))[:len(rows)]
 	for i := range rows {
 		b := bucket(&rows[i])
 		out[count[b]] = rows[i]
