@@ -154,6 +154,7 @@ func Dial(ctx context.Context, target string, opts ClientOptions) (*Client, erro
 		c.cancel()
 		return nil, err
 	}
+	c.up(conn, hello) // before Dial returns, so that Control knows what the server allows
 	go c.run(conn, hello)
 	return c, nil
 }

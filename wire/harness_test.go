@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,6 +27,7 @@ type harness struct {
 	ts     *httptest.Server
 	token  string
 	cancel context.CancelFunc
+	once   sync.Once
 }
 
 type setup struct {
@@ -74,10 +76,12 @@ func newHarness(t *testing.T, s setup) *harness {
 
 // close stops everything, the runner first so that calls waiting on it return.
 func (h *harness) close() {
-	h.srv.Close()
-	h.cancel()
-	<-h.r.Done()
-	h.ts.Close()
+	h.once.Do(func() {
+		h.srv.Close()
+		h.cancel()
+		<-h.r.Done()
+		h.ts.Close()
+	})
 }
 
 // call makes an HTTP call with the harness's token and returns the status and body.
