@@ -44,20 +44,20 @@ type Engine struct {
 	now   int64 // engine time of the current call, Unix milliseconds
 	stamp Stamp // of the last event
 
-	reqs     map[string]*request
-	order    []*request // the request table, in arrival order
-	waiting  []*request
-	running  []*request
-	prepared []*request         // admitted and not started, in admission order
-	leaks    []*request         // aborted while prepared; their sequences are still held
-	seqOwner map[int64]*request // the request holding (or that last held) each KV sequence
-	pageKV   map[int32]*request // pages holding slots a prepared request waits for
-	ended    []*request         // finished or aborted, oldest first, for retirement
-	metadata []MetadataEmitted  // recent prepare-receive answers
-	hazards  []HazardDetected   // recent hazards
-	recycled []int64            // recycling sequences, least recently recycled first
-	totals   Totals
-	last     StepCompleted
+	reqs      map[string]*request
+	order     []*request // the request table, in arrival order
+	waiting   []*request
+	running   []*request
+	prepared  []*request         // admitted and not started, in admission order
+	leaks     []*request         // aborted while prepared; their sequences are still held
+	seqOwner  map[int64]*request // the request holding (or that last held) each KV sequence
+	pageKV    map[int32]*request // pages holding slots a prepared request waits for
+	ended     []*request         // finished or aborted, oldest first, for retirement
+	metadata  []MetadataEmitted  // recent prepare-receive answers
+	hazards   []HazardDetected   // recent hazards
+	lastMatch *PrefixMatched     // the most recent prefix match
+	totals    Totals
+	last      StepCompleted
 
 	out      []Event
 	tokens   []Token
@@ -179,7 +179,7 @@ func (e *Engine) emit(ev Event) {
 	e.stamp = ev.When()
 	if id, coalesce, ok := markOf(ev); ok {
 		if r := e.reqs[id]; r != nil {
-			r.history = addMark(r.history, Mark{Stamp: ev.When(), Kind: markKind(ev), Text: ev.String()}, coalesce)
+			r.history = addMark(r.history, newMark(ev), coalesce)
 		}
 	}
 }
@@ -556,8 +556,10 @@ func (e *Engine) admit(r *request, p prepare.Prepared) {
 	r.kv = newKVProgress(md[0], e.cfg.PageSize)
 	e.totals.Admitted++
 	st := e.mark()
-	e.emit(PrefixMatched{Stamp: st, ID: r.id, Seq: p.Seq, Match: p.Match.Kind, Matched: p.Matched,
-		Parent: p.Match.Parent, Pop: p.Match.Pop, Path: p.Match.Path, Candidates: p.Match.Candidates})
+	pm := PrefixMatched{Stamp: st, ID: r.id, Seq: p.Seq, Match: p.Match.Kind, Matched: p.Matched,
+		Parent: p.Match.Parent, Pop: p.Match.Pop, Path: p.Match.Path, Candidates: p.Match.Candidates}
+	e.lastMatch = &pm
+	e.emit(pm)
 	switch p.Match.Kind {
 	case prefix.Fork:
 		e.emit(SeqForked{Stamp: st, Parent: p.Match.Parent, Child: p.Seq, Pos: p.Matched, CopiedPage: p.CopiedPage, ID: r.id})

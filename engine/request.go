@@ -103,6 +103,29 @@ type Mark struct {
 	Stamp
 	Kind string `json:"kind"` // the event kind
 	Text string `json:"text"`
+	// ev is the event, kept so that Text is formatted only when someone reads it: folding
+	// events into a view then costs no formatting.
+	ev Event
+}
+
+// Line returns the mark's text.
+func (m Mark) Line() string {
+	if m.ev != nil {
+		return m.ev.String()
+	}
+	return m.Text
+}
+
+// newMark returns the mark of an event.
+func newMark(ev Event) Mark { return Mark{Stamp: ev.When(), Kind: markKind(ev), ev: ev} }
+
+// materialize formats the marks' text, for a snapshot.
+func materialize(h []Mark) []Mark {
+	out := make([]Mark, len(h))
+	for i, m := range h {
+		out[i] = Mark{Stamp: m.Stamp, Kind: m.Kind, Text: m.Line()}
+	}
+	return out
 }
 
 // Bounds of the per-request lists a snapshot carries.
@@ -157,10 +180,19 @@ func markOf(ev Event) (id string, coalesce, ok bool) {
 	return "", false, false
 }
 
-// blockedMarkKind makes blocked marks of different reasons distinct on a timeline.
+// blockedKinds are the mark kinds of blocked evaluations, one per reason, so that blocked
+// marks of different reasons stay distinct on a timeline.
+var blockedKinds = func() [prepare.NumReasons]string {
+	var k [prepare.NumReasons]string
+	for r := range k {
+		k[r] = "prepare_blocked:" + prepare.Reason(r).String()
+	}
+	return k
+}()
+
 func markKind(ev Event) string {
-	if b, ok := ev.(PrepareBlocked); ok {
-		return ev.Kind() + ":" + b.Eval.Reason.String()
+	if b, ok := ev.(PrepareBlocked); ok && int(b.Eval.Reason) < len(blockedKinds) {
+		return blockedKinds[b.Eval.Reason]
 	}
 	return ev.Kind()
 }

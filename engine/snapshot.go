@@ -31,9 +31,11 @@ type Snapshot struct {
 	// Owners names the request holding, or that last held, each KV sequence.
 	Owners   []SeqOwner        `json:"owners"`
 	Metadata []MetadataEmitted `json:"metadata"` // recent prepare-receive answers, oldest first
-	Hazards  []HazardDetected  `json:"hazards"`  // recent hazards, oldest first
-	Totals   Totals            `json:"totals"`
-	Last     StepCompleted     `json:"last"` // the last step's summary
+	// LastMatch is the most recent prefix match, for the dashboard's "last match" path.
+	LastMatch *PrefixMatched   `json:"last_match,omitempty"`
+	Hazards   []HazardDetected `json:"hazards"` // recent hazards, oldest first
+	Totals    Totals           `json:"totals"`
+	Last      StepCompleted    `json:"last"` // the last step's summary
 }
 
 // SeqOwner names the request of a KV sequence.
@@ -94,6 +96,10 @@ func (e *Engine) Snapshot() Snapshot {
 		Totals:      e.totals,
 		Last:        e.last,
 	}
+	if e.lastMatch != nil {
+		m := *e.lastMatch
+		s.LastMatch = &m
+	}
 	for _, r := range e.order {
 		s.Requests = append(s.Requests, r.view())
 	}
@@ -119,7 +125,7 @@ func (r *request) view() RequestView {
 		RunReceived: slices.Clone(r.kv.runRecv), Pending: r.pending, Generated: r.generated,
 		Arrived: r.arrived, Admitted: r.admitted, Started: r.started, Ended: r.ended,
 		Leaked: r.leaked, FinishReason: r.finishReason,
-		Hazards: slices.Clone(r.hazards), History: slices.Clone(r.history),
+		Hazards: slices.Clone(r.hazards), History: materialize(r.history),
 	}
 	if r.eval != nil {
 		ev := *r.eval
@@ -189,6 +195,7 @@ type View struct {
 	kv        map[string]*kvProgress
 	metadata  []MetadataEmitted
 	hazards   []HazardDetected
+	lastMatch *PrefixMatched
 	totals    Totals
 	last      StepCompleted
 	version   uint64
@@ -215,6 +222,10 @@ func NewView(s Snapshot) (*View, error) {
 		totals:    s.Totals,
 		last:      s.Last,
 		version:   1,
+	}
+	if s.LastMatch != nil {
+		m := *s.LastMatch
+		v.lastMatch = &m
 	}
 	for i := range s.Requests {
 		r := s.Requests[i]
@@ -299,6 +310,14 @@ func (v *View) Hazards() []HazardDetected { return v.hazards }
 // Totals returns the counters.
 func (v *View) Totals() Totals { return v.totals }
 
+// LastMatch returns the most recent prefix match, if any.
+func (v *View) LastMatch() (PrefixMatched, bool) {
+	if v.lastMatch == nil {
+		return PrefixMatched{}, false
+	}
+	return *v.lastMatch, true
+}
+
 // Last returns the last step's summary.
 func (v *View) Last() StepCompleted { return v.last }
 
@@ -346,9 +365,13 @@ func (v *View) Snapshot() Snapshot {
 		Totals:      v.totals,
 		Last:        v.last,
 	}
+	if v.lastMatch != nil {
+		m := *v.lastMatch
+		s.LastMatch = &m
+	}
 	for _, r := range v.order {
 		c := *r
-		c.History = slices.Clone(r.History)
+		c.History = materialize(r.History)
 		c.Hazards = slices.Clone(r.Hazards)
 		c.RunReceived = slices.Clone(r.RunReceived)
 		if r.Eval != nil {
@@ -404,7 +427,7 @@ func (v *View) Apply(ev Event) error {
 	v.version++
 	if id, coalesce, ok := markOf(ev); ok {
 		if r := v.reqs[id]; r != nil {
-			r.History = addMark(r.History, Mark{Stamp: ev.When(), Kind: markKind(ev), Text: ev.String()}, coalesce)
+			r.History = addMark(r.History, newMark(ev), coalesce)
 		}
 	}
 	return nil
@@ -444,6 +467,8 @@ func (v *View) apply(ev Event) error {
 			return err
 		}
 		r.Seq, r.Matched, r.Match, r.Parent = e.Seq, e.Matched, e.Match, e.Parent
+		m := e
+		v.lastMatch = &m
 		if e.Match == prefix.Reuse {
 			v.recycling = remove(v.recycling, e.Seq)
 			v.owners[e.Seq] = e.ID

@@ -169,7 +169,7 @@ func (p *detailPanel) build() []string {
 		add("  (no marks)")
 	}
 	for _, m := range r.History {
-		add("  step %-6d %8s  %s", m.Step, "+"+dur(m.At-r.Arrived.At), m.Text)
+		add("  step %-6d %8s  %s", m.Step, "+"+dur(m.At-r.Arrived.At), m.Line())
 	}
 
 	section("Pages")

@@ -27,6 +27,10 @@ type KeyMap struct {
 	Pause     key.Binding
 	Step      key.Binding
 	Resync    key.Binding
+	// Faster, Slower and Seek drive a recording played back (kvtop replay).
+	Faster key.Binding
+	Slower key.Binding
+	Seek   key.Binding
 }
 
 // DefaultKeyMap returns kvtop's bindings.
@@ -53,6 +57,9 @@ func DefaultKeyMap() KeyMap {
 		Pause:     key.NewBinding(key.WithKeys("p"), key.WithHelp("p", "pause: freeze the view")),
 		Step:      key.NewBinding(key.WithKeys("space", "n"), key.WithHelp("space/n", "single step")),
 		Resync:    key.NewBinding(key.WithKeys("r"), key.WithHelp("r", "resync: new snapshot")),
+		Faster:    key.NewBinding(key.WithKeys("+", "="), key.WithHelp("+", "replay faster")),
+		Slower:    key.NewBinding(key.WithKeys("-"), key.WithHelp("-", "replay slower")),
+		Seek:      key.NewBinding(key.WithKeys(":"), key.WithHelp(":", "replay: go to step")),
 	}
 	for i := range k.Panel {
 		d := string(rune('1' + i))
@@ -71,6 +78,6 @@ func (k KeyMap) FullHelp() [][]key.Binding {
 	return [][]key.Binding{
 		{k.Help, k.Quit, k.NextPanel, k.PrevPanel, k.Panel[0], k.Panel[1], k.Panel[2], k.Panel[3], k.Panel[4], k.Panel[5]},
 		{k.Up, k.Down, k.Left, k.Right, k.PageUp, k.PageDown, k.Home, k.End, k.Enter, k.Back},
-		{k.Filter, k.Sort, k.Reverse, k.Pause, k.Step, k.Resync},
+		{k.Filter, k.Sort, k.Reverse, k.Pause, k.Step, k.Resync, k.Faster, k.Slower, k.Seek},
 	}
 }

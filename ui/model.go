@@ -2,6 +2,7 @@ package ui
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -83,6 +84,8 @@ type Model struct {
 	showHelp      bool
 	filtering     bool
 	filterBuf     string
+	seeking       bool // typing a step to go to (replay)
+	seekBuf       string
 	message       string
 	messageErr    bool
 
@@ -257,6 +260,7 @@ func (m *Model) fold(u engine.Update) tea.Cmd {
 			cmd = m.control(engine.Control{Op: engine.ControlSnapshot})
 		} else {
 			w.view, m.diverged = v, nil
+			w.lastMatch, w.hasLastMatch = v.LastMatch()
 			m.clock++
 			w.prefixVer, w.pageVer = m.clock, m.clock
 		}
@@ -347,6 +351,9 @@ func (m *Model) onKey(k tea.KeyPressMsg) tea.Cmd {
 		m.filterKey(k)
 		return nil
 	}
+	if m.seeking {
+		return m.seekKey(k)
+	}
 	if m.showHelp {
 		switch {
 		case key.Matches(k, m.keys.Quit):
@@ -400,6 +407,21 @@ func (m *Model) onKey(k tea.KeyPressMsg) tea.Cmd {
 	case key.Matches(k, m.keys.Resync):
 		m.setMessage("resync: a fresh snapshot was asked for", false)
 		return m.control(engine.Control{Op: engine.ControlSnapshot})
+	case key.Matches(k, m.keys.Faster, m.keys.Slower):
+		speed := m.status.Target
+		if speed <= 0 {
+			speed = 1
+		}
+		if key.Matches(k, m.keys.Faster) {
+			speed *= 2
+		} else {
+			speed /= 2
+		}
+		pct := min(max(int(speed*100+0.5), 1), 100_000)
+		m.setMessage(fmt.Sprintf("speed ×%g", float64(pct)/100), false)
+		return m.control(engine.Control{Op: engine.ControlSpeed, N: pct})
+	case key.Matches(k, m.keys.Seek):
+		m.seeking, m.seekBuf = true, ""
 	case key.Matches(k, m.keys.Back):
 		switch {
 		case m.active == panelDetail:
@@ -470,6 +492,30 @@ func (m *Model) toPanel(k tea.Msg) tea.Cmd {
 		m.detail, cmd = m.detail.Update(k)
 	}
 	return cmd
+}
+
+// seekKey edits the step to go to; enter asks the source to seek there.
+func (m *Model) seekKey(k tea.KeyPressMsg) tea.Cmd {
+	switch {
+	case k.Code == tea.KeyEscape:
+		m.seeking, m.seekBuf = false, ""
+	case k.Code == tea.KeyBackspace:
+		if n := len(m.seekBuf); n > 0 {
+			m.seekBuf = m.seekBuf[:n-1]
+		}
+	case k.Code == tea.KeyEnter:
+		m.seeking = false
+		n, err := strconv.Atoi(m.seekBuf)
+		if err != nil || n < 0 {
+			m.setMessage(fmt.Sprintf("go to step: %q is not a step number", m.seekBuf), true)
+			return nil
+		}
+		m.setMessage(fmt.Sprintf("going to step %d", n), false)
+		return m.control(engine.Control{Op: engine.ControlSeek, N: n})
+	case len(k.Text) == 1 && k.Text[0] >= '0' && k.Text[0] <= '9' && len(m.seekBuf) < 12:
+		m.seekBuf += k.Text
+	}
+	return nil
 }
 
 // filterKey edits the filter; it applies as it is typed.
@@ -703,13 +749,15 @@ type chromeKey struct {
 	width, styleGen int
 	filtering       bool
 	filterBuf       string
+	seeking         bool
+	seekBuf         string
 	message         string
 	messageErr      bool
 }
 
 // chrome returns the tab bar and the footer, built again only when they change.
 func (m *Model) chrome() (string, string) {
-	k := chromeKey{m.active, m.showHelp, m.width, m.styleGen, m.filtering, m.filterBuf, m.message, m.messageErr}
+	k := chromeKey{m.active, m.showHelp, m.width, m.styleGen, m.filtering, m.filterBuf, m.seeking, m.seekBuf, m.message, m.messageErr}
 	if k != m.chromeKey || m.tabsText == "" {
 		m.chromeKey = k
 		m.tabsText, m.footerText = m.tabs(), m.footer()
@@ -734,6 +782,8 @@ func (m *Model) footer() string {
 	switch {
 	case m.filtering:
 		return fit("/"+m.filterBuf+"▏  enter keeps · esc clears · a leading ! inverts", m.width)
+	case m.seeking:
+		return fit("go to step: "+m.seekBuf+"▏  enter goes · esc cancels", m.width)
 	case m.message != "":
 		if m.messageErr {
 			return fit(m.st.Error.Render(m.message), m.width)

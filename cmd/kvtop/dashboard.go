@@ -165,7 +165,8 @@ func dashboardSource(ctx context.Context, dc dashboardConfig, stderr io.Writer) 
 		c, err := wire.Dial(dctx, dc.attach, opts)
 		switch {
 		case err == nil:
-			return c, "", false, nil
+			// The server's status says whether this client may control it.
+			return c, "", true, nil
 		case errors.Is(err, wire.ErrUnauthorized):
 			return nil, "", false, fmt.Errorf("attach %s: the server refused the token (pass the one 'kvtop serve --token' was given, with --token or $KVTOP_TOKEN)", dc.attach)
 		case errors.Is(err, wire.ErrVersion), errors.Is(err, wire.ErrForbidden):
@@ -177,7 +178,7 @@ func dashboardSource(ctx context.Context, dc dashboardConfig, stderr io.Writer) 
 		if err != nil {
 			return nil, "", false, err
 		}
-		return c, "", false, nil
+		return c, "", true, nil
 	}
 	e, err := engine.New(dc.engine)
 	if err != nil {

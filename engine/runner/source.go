@@ -13,6 +13,17 @@ type Local struct {
 // Local returns a new in-process source on the runner.
 func (r *Runner) Local() *Local { return &Local{Subscription: r.Subscribe()} }
 
+// Take returns what is pending; a read-only source says so in the status it passes on.
+func (l *Local) Take() engine.Update {
+	u := l.Subscription.Take()
+	if u.Status != nil && l.ReadOnly {
+		st := *u.Status
+		st.Controllable = false
+		u.Status = &st
+	}
+	return u
+}
+
 // Control pauses, resumes or steps the engine, or resyncs this subscription.
 func (l *Local) Control(c engine.Control) error {
 	if err := c.Validate(); err != nil {
