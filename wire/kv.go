@@ -36,6 +36,9 @@ type KVGeometry struct {
 // never allocates more than the pool's slot count.
 func ParseKVWrite(metadata, offset, tokens string, bodyLen int64, g KVGeometry) ([]int64, error) {
 	const call = "kv write"
+	if bodyLen < 0 {
+		return nil, errorf(http.StatusBadRequest, "bad_kv_write", "%s: a body of %d bytes", call, bodyLen)
+	}
 	if metadata == "" {
 		return nil, errorf(http.StatusBadRequest, "bad_metadata", "%s: the %s header is required (the kv_append_metadata prep_recv answered)", call, HeaderKVMetadata)
 	}
@@ -82,7 +85,7 @@ func ParseKVWrite(metadata, offset, tokens string, bodyLen int64, g KVGeometry) 
 	case per == 0:
 		n = total - off
 	default:
-		if bodyLen == 0 || bodyLen%per != 0 {
+		if bodyLen <= 0 || bodyLen%per != 0 {
 			return nil, errorf(http.StatusBadRequest, "bad_kv_write", "%s: a body of %d bytes is not a whole number of tokens (%d models × %d bytes a token)", call, bodyLen, g.Models, g.TokenBytes)
 		}
 		n = min(bodyLen/per, total-off+1) // one too many is refused below
