@@ -32,7 +32,8 @@ type Limits struct {
 	HeaderTimeout time.Duration
 	// MaxHeaderBytes bounds the request headers (the KV metadata travels in one).
 	MaxHeaderBytes int
-	// MaxTokens bounds a request's max_tokens.
+	// MaxTokens bounds a request's max_tokens. The runner buffers every token a started
+	// request can make, so this also bounds that buffer.
 	MaxTokens int
 	// PingInterval is how often a stream client is pinged; one silent for two intervals is
 	// closed.
@@ -52,7 +53,7 @@ func DefaultLimits() Limits {
 		MaxMessageBytes: 4 << 10,
 		HeaderTimeout:   10 * time.Second,
 		MaxHeaderBytes:  1 << 20,
-		MaxTokens:       1 << 20,
+		MaxTokens:       1 << 16,
 		PingInterval:    20 * time.Second,
 		WriteTimeout:    10 * time.Second,
 		FrameEvents:     4096,

@@ -1,0 +1,271 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/engine/runner"
+	"github.com/kvtop/kvtop/wire"
+)
+
+// serveOptions is what `kvtop serve` was asked to do.
+type serveOptions struct {
+	listen  string
+	token   string
+	control bool
+	paused  bool
+	verbose bool
+	engine  engine.Config
+	rate    float64
+	limits  wire.Limits
+	trace   int
+	// drivers run once the server listens, each on its own goroutine, with the server's
+	// base URL ("http://127.0.0.1:7070") and token, until ctx ends. This is the hook for
+	// `--drive SCENARIO`: a simulated router and prefill instance driving the server over
+	// HTTP as real ones would. An error is logged; the server goes on.
+	drivers []func(ctx context.Context, baseURL, token string) error
+}
+
+const serveUsage = `Usage: kvtop serve [flags]
+
+Runs the engine headless as the decode instance (D) of disaggregated serving, with MLC's
+microserving API, and streams its step events to dashboards ('kvtop --attach HOST:PORT').
+
+  POST /microserving/prep_recv       {"user", "prompt", "end", "max_tokens", "n"}: answers
+                                     {prompt_length, prefix_matched_length, kv_append_metadata}
+                                     once admitted
+  POST /microserving/start_generate  {"user", "begin", "stream"}: an OpenAI completion, or SSE
+  POST /microserving/remote_send     refused: that is the prefill instance's call
+  POST /v1/kv                        KV arrival: headers KV-Append-Metadata, KV-Offset, KV-Tokens;
+                                     body the raw KV bytes (empty with no --arena)
+  POST /debug/abort                  {"user"}
+  POST /debug/dump_event_trace       recent request lifecycles, Chrome trace JSON (Perfetto)
+  GET  /v1/snapshot  /healthz  /metrics (Prometheus)
+  GET  /v1/stream                    the websocket the dashboard attaches to
+
+Security: the server listens on loopback by default. Any other address needs --token; then
+every call and the stream's handshake must send "Authorization: Bearer TOKEN". Browser
+pages from other origins cannot open the stream.
+
+Flags:
+`
+
+// parseServe reads serve's flags. Every bad value is an error here, before anything starts.
+func parseServe(args []string, stderr io.Writer) (serveOptions, error) {
+	fs, build := serveFlags(stderr)
+	if err := fs.Parse(args); err != nil {
+		return serveOptions{}, err
+	}
+	if fs.NArg() > 0 {
+		return serveOptions{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	return build()
+}
+
+// serveFlags registers serve's flags and returns the function that checks them once parsed.
+func serveFlags(stderr io.Writer) (*flag.FlagSet, func() (serveOptions, error)) {
+	fs := flag.NewFlagSet("kvtop serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, serveUsage)
+		fs.PrintDefaults()
+	}
+	d := wire.DefaultLimits()
+	listen := fs.String("listen", "127.0.0.1:7070", "address to listen on, HOST:PORT; a non-loopback HOST requires --token")
+	token := fs.String("token", "", "bearer token required on every call and on the stream (default $KVTOP_TOKEN)")
+	control := fs.Bool("control", false, "let dashboards pause, resume and step the engine (read-only otherwise)")
+	paused := fs.Bool("paused", false, "start with the engine paused (with --control, a dashboard steps it)")
+	verbose := fs.Bool("verbose", false, "log stream clients that fail and answers that could not be delivered")
+	maxBody := fs.Int64("max-body", d.MaxBodyBytes, "largest JSON request body, in bytes (413 beyond)")
+	maxKV := fs.Int64("max-kv-body", d.MaxKVBytes, "largest KV write body, in bytes; larger transfers come in several writes with KV-Offset")
+	maxMsg := fs.Int64("max-ws-message", d.MaxMessageBytes, "largest websocket message a dashboard may send, in bytes")
+	maxTokens := fs.Int("max-tokens", d.MaxTokens, "largest max_tokens a request may ask for")
+	headerTimeout := fs.Duration("header-timeout", d.HeaderTimeout, "time a connection has to send its request headers")
+	ping := fs.Duration("ping", d.PingInterval, "keep-alive ping interval of the stream; a dashboard silent for two is closed")
+	writeTimeout := fs.Duration("write-timeout", d.WriteTimeout, "time one write to a dashboard may take before it is closed")
+	frameEvents := fs.Int("frame-events", d.FrameEvents, "most events in one stream frame")
+	trace := fs.Int("trace-requests", 1024, "recent requests kept for /debug/dump_event_trace")
+	buildEngine := engineFlags(fs)
+	return fs, func() (serveOptions, error) {
+		return checkServe(serveOptions{listen: *listen, token: *token, control: *control, paused: *paused, verbose: *verbose, trace: *trace,
+			limits: wire.Limits{MaxBodyBytes: *maxBody, MaxKVBytes: *maxKV, MaxMessageBytes: *maxMsg, MaxTokens: *maxTokens,
+				HeaderTimeout: *headerTimeout, PingInterval: *ping, WriteTimeout: *writeTimeout, FrameEvents: *frameEvents}}, buildEngine)
+	}
+}
+
+// checkServe validates the options and builds the engine's configuration.
+func checkServe(o serveOptions, buildEngine func() (engine.Config, float64, error)) (serveOptions, error) {
+	var err error
+	if o.engine, o.rate, err = buildEngine(); err != nil {
+		return o, err
+	}
+	if o.token == "" {
+		o.token = os.Getenv("KVTOP_TOKEN")
+	}
+	l := o.limits
+	for _, p := range []struct {
+		name string
+		ok   bool
+		v    any
+	}{
+		{"max-body", l.MaxBodyBytes > 0, l.MaxBodyBytes}, {"max-kv-body", l.MaxKVBytes > 0, l.MaxKVBytes},
+		{"max-ws-message", l.MaxMessageBytes > 0, l.MaxMessageBytes}, {"max-tokens", l.MaxTokens > 0, l.MaxTokens},
+		{"header-timeout", l.HeaderTimeout > 0, l.HeaderTimeout}, {"ping", l.PingInterval > 0, l.PingInterval},
+		{"write-timeout", l.WriteTimeout > 0, l.WriteTimeout}, {"frame-events", l.FrameEvents > 0, l.FrameEvents},
+		{"trace-requests", o.trace > 0, o.trace},
+	} {
+		if !p.ok {
+			return o, fmt.Errorf("--%s %v must be positive", p.name, p.v)
+		}
+	}
+	host, _, err := net.SplitHostPort(o.listen)
+	if err != nil {
+		return o, fmt.Errorf("--listen %q: want HOST:PORT: %v", o.listen, err)
+	}
+	if !loopback(host) && o.token == "" {
+		where := host
+		if where == "" {
+			where = "every interface"
+		}
+		return o, fmt.Errorf("--listen %s is not a loopback address (%s): anyone who can reach it could drive the engine; pass --token (or set $KVTOP_TOKEN), or listen on 127.0.0.1", o.listen, where)
+	}
+	return o, nil
+}
+
+// loopback reports whether a listen host is this machine only.
+func loopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// runServe is `kvtop serve`.
+func runServe(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return serveCommand(ctx, args, stdout, stderr)
+}
+
+// serveCommand parses the flags and serves until ctx ends; it returns the exit status.
+func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := parseServe(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvtop serve: %v\n", err)
+		return 2
+	}
+	s, err := startServer(ctx, o, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvtop serve: %v\n", err)
+		return 1
+	}
+	mode := "read-only (--control lets dashboards pause, resume and step)"
+	if o.control {
+		mode = "dashboards may pause, resume and step"
+	}
+	fmt.Fprintf(stdout, "kvtop serve: decode instance listening on %s\n  dashboards: kvtop --attach %s (%s)\n",
+		s.URL(), s.Addr(), mode)
+	if err := s.Wait(); err != nil {
+		fmt.Fprintf(stderr, "kvtop serve: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// server is a running `kvtop serve`: the runner, the wire server, the HTTP server, and the
+// drivers.
+type server struct {
+	ln      net.Listener
+	hs      *http.Server
+	ws      *wire.Server
+	r       *runner.Runner
+	stopRun context.CancelFunc
+	served  chan error
+	drivers sync.WaitGroup
+	ctx     context.Context
+	stopDrv context.CancelFunc
+}
+
+// startServer starts the engine and listens; it returns once the address is bound, and the
+// server runs until ctx ends.
+func startServer(ctx context.Context, o serveOptions, stderr io.Writer) (*server, error) {
+	e, err := engine.New(o.engine)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return nil, err
+	}
+	r := runner.New(e, runner.Config{StepsPerSec: o.rate, Clock: time.Now, StartPaused: o.paused})
+	rctx, stopRun := context.WithCancel(context.Background())
+	go r.Run(rctx)
+	opts := wire.Options{Token: o.token, Control: o.control, Version: "kvtop " + version, Limits: o.limits, TraceRequests: o.trace}
+	if o.verbose {
+		opts.Logf = log.New(stderr, "kvtop serve: ", log.LstdFlags).Printf
+	}
+	ws := wire.NewServer(r, opts)
+	dctx, stopDrv := context.WithCancel(ctx)
+	s := &server{ln: ln, hs: wire.NewHTTPServer(ws, o.limits), ws: ws, r: r, stopRun: stopRun,
+		served: make(chan error, 1), ctx: ctx, stopDrv: stopDrv}
+	go func() { s.served <- s.hs.Serve(ln) }()
+	for _, d := range o.drivers {
+		s.drivers.Add(1)
+		go func() {
+			defer s.drivers.Done()
+			if err := d(dctx, s.URL(), o.token); err != nil && dctx.Err() == nil {
+				fmt.Fprintf(stderr, "kvtop serve: driver: %v\n", err)
+			}
+		}()
+	}
+	return s, nil
+}
+
+// Addr is the bound address, HOST:PORT.
+func (s *server) Addr() string { return s.ln.Addr().String() }
+
+// URL is the base URL of the HTTP API.
+func (s *server) URL() string { return "http://" + s.Addr() }
+
+// Wait serves until ctx ends (nil) or the listener fails, then shuts down: the stream
+// connections first, then the engine (so that calls waiting for it return), then the HTTP
+// server, giving calls in flight a few seconds.
+func (s *server) Wait() error {
+	var err error
+	select {
+	case <-s.ctx.Done():
+	case err = <-s.served:
+		err = fmt.Errorf("serving: %w", err)
+	}
+	s.stopDrv()
+	s.ws.Close()
+	s.stopRun()
+	<-s.r.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if serr := s.hs.Shutdown(sctx); serr != nil {
+		s.hs.Close()
+	}
+	s.drivers.Wait()
+	if err != nil && !strings.Contains(err.Error(), http.ErrServerClosed.Error()) {
+		return err
+	}
+	return nil
+}
