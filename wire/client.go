@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -447,13 +448,18 @@ func (c *Client) read(conn *websocket.Conn, hello *Hello) error {
 		return err
 	})
 	st := seqState{}
+	var buf bytes.Buffer // reused: a frame is decoded into values that do not point into it
 	for {
-		_, data, err := conn.ReadMessage()
+		_, r, err := conn.NextReader()
 		if err != nil {
 			return err
 		}
+		buf.Reset()
+		if _, err := buf.ReadFrom(r); err != nil {
+			return err
+		}
 		alive()
-		f, err := DecodeFrame(data)
+		f, err := DecodeFrame(buf.Bytes())
 		if err != nil {
 			c.logf("wire: %s: %v; asking for a snapshot", c.url, err)
 			if err := c.resync(conn, &st); err != nil {

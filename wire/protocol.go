@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/kvtop/kvtop/engine"
 )
@@ -101,6 +102,9 @@ func EncodeFrame(buf *bytes.Buffer, f *Frame) error {
 
 // DecodeFrame parses a server frame, events included.
 func DecodeFrame(b []byte) (*Frame, error) {
+	if f, ok, err := decodeEventsFrame(b); ok {
+		return f, err
+	}
 	var raw struct {
 		Frame
 		Events []json.RawMessage `json:"events"`
@@ -137,6 +141,82 @@ func DecodeFrame(b []byte) (*Frame, error) {
 		return nil, fmt.Errorf("%w: %s frame without its %q field", ErrProtocol, f.Type, f.Type)
 	}
 	return &f, nil
+}
+
+// decodeEventsFrame reads an events frame in the exact form the encoder writes it, finding
+// each event's bounds by hand so that the frame is not parsed twice (once whole, once an
+// event at a time): decoding is what bounds a client's throughput. It reports false for
+// anything else, which DecodeFrame then parses in full.
+func decodeEventsFrame(b []byte) (*Frame, bool, error) {
+	const head, mid = `{"type":"events","seq":`, `,"events":[`
+	rest, ok := bytes.CutPrefix(b, []byte(head))
+	if !ok {
+		return nil, false, nil
+	}
+	i := 0
+	for i < len(rest) && i < 20 && rest[i] >= '0' && rest[i] <= '9' {
+		i++
+	}
+	seq, err := strconv.ParseUint(string(rest[:i]), 10, 64)
+	if err != nil {
+		return nil, false, nil
+	}
+	if rest, ok = bytes.CutPrefix(rest[i:], []byte(mid)); !ok {
+		return nil, false, nil
+	}
+	f := &Frame{Type: FrameEvents, Seq: seq, Events: make([]engine.Event, 0, bytes.Count(rest, []byte(`{"kind":"`)))}
+	for len(rest) > 0 && rest[0] != ']' {
+		n := objectEnd(rest)
+		if n < 0 {
+			return nil, false, nil
+		}
+		ev, err := DecodeEvent(rest[:n])
+		if err != nil {
+			return nil, true, fmt.Errorf("event %d of frame %d: %w", len(f.Events), seq, err)
+		}
+		f.Events = append(f.Events, ev)
+		rest = rest[n:]
+		if len(rest) > 0 && rest[0] == ',' {
+			rest = rest[1:]
+		}
+	}
+	if string(rest) != "]}" {
+		return nil, false, nil
+	}
+	return f, true, nil
+}
+
+// objectEnd returns the length of the JSON object at the start of b (strings and nesting
+// respected), or -1. It does not validate; json.Unmarshal of the object does.
+func objectEnd(b []byte) int {
+	if len(b) == 0 || b[0] != '{' {
+		return -1
+	}
+	depth, inString := 0, false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if inString {
+			switch c {
+			case '\\':
+				i++
+			case '"':
+				inString = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		}
+	}
+	return -1
 }
 
 // EncodeEvent returns an event's JSON: its fields, with "kind" first.

@@ -1,0 +1,377 @@
+package wire
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/engine/pages"
+	"github.com/kvtop/kvtop/engine/runner"
+)
+
+// steady is a runner hook that keeps n requests decoding: each finished one is replaced by
+// a new prep_recv, whose KV arrives and which starts as soon as it is admitted. Each step
+// then carries the same mix: a Decoded of about n ids, arrivals, admissions, finishes.
+type steady struct {
+	n, live, next int
+}
+
+func (h *steady) BeforeStep(e *engine.Engine, now time.Time) {
+	for ; h.live < h.n; h.live++ {
+		p := make([]int32, 200)
+		for j := range p {
+			p[j] = int32(h.next*1000 + j)
+		}
+		if err := e.PrepRecv(now, engine.PrepRecv{ID: fmt.Sprint("r", h.next), Prompt: p, End: -1, HasEnd: true, MaxTokens: 64}); err != nil {
+			panic(err)
+		}
+		h.next++
+	}
+}
+
+func (h *steady) AfterStep(e *engine.Engine, rd engine.Ready) {
+	for _, ev := range rd.Events {
+		switch ev := ev.(type) {
+		case engine.MetadataEmitted:
+			if _, err := e.ReceiveKV(time.UnixMilli(rd.Now), pages.Expand(nil, ev.Runs[0]), nil); err != nil {
+				panic(err)
+			}
+			if err := e.StartGenerate(time.UnixMilli(rd.Now), ev.ID, -1); err != nil {
+				panic(err)
+			}
+		case engine.RequestFinished, engine.RequestAborted:
+			h.live--
+		}
+	}
+}
+
+// busyEngine returns a paused runner whose engine keeps n requests decoding (steady).
+func busyEngine(b *testing.B, n int, rc runner.Config) (*runner.Runner, func()) {
+	b.Helper()
+	cfg := engine.DefaultConfig()
+	cfg.MaxTotalSequenceLength = 1 << 20
+	cfg.MaxSingleSequenceLength = 4096
+	cfg.MaxNumSequence = 1024
+	cfg.KeepFinished = 64
+	e, err := engine.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rc.Clock, rc.StartPaused = time.Now, true
+	if n > 0 {
+		rc.Hook = &steady{n: n}
+	}
+	r := runner.New(e, rc)
+	ctx, cancel := context.WithCancel(context.Background())
+	go r.Run(ctx)
+	return r, func() { cancel(); <-r.Done() }
+}
+
+// eventLog returns n events of a busy engine's life: arrivals, admissions, metadata, KV,
+// starts, decodes of 32 requests, finishes, prefix changes, as a dashboard receives them.
+func eventLog(b *testing.B, n int) []engine.Event {
+	b.Helper()
+	cfg := engine.DefaultConfig()
+	e, err := engine.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := time.UnixMilli(1_700_000_000_000)
+	var out []engine.Event
+	for i := 0; len(out) < n; i++ {
+		p := make([]int32, 100+i%50)
+		for j := range p {
+			p[j] = int32(j + (i%7)*10000)
+		}
+		p[len(p)-1] = int32(50000 + i)
+		if err := e.PrepRecv(now, engine.PrepRecv{ID: fmt.Sprint("req-", i), Prompt: p, End: -1, HasEnd: true, MaxTokens: 32}); err != nil {
+			b.Fatal(err)
+		}
+		rd := e.Step(now)
+		out = append(out, rd.Events...)
+		for _, ev := range rd.Events {
+			if m, ok := ev.(engine.MetadataEmitted); ok {
+				e.ReceiveKV(now, pages.Expand(nil, m.Runs[0]), nil)
+				e.StartGenerate(now, m.ID, -1)
+			}
+		}
+		out = append(out, e.TakeEvents()...)
+		now = now.Add(time.Millisecond)
+	}
+	return out[:n]
+}
+
+// feed is a stream source that always has a batch of events ready: it measures the wire
+// (encode, write, read, decode), not the engine.
+type feed struct {
+	sig   chan struct{}
+	snap  *engine.Snapshot
+	batch []engine.Event
+	first bool
+}
+
+func newFeed(snap *engine.Snapshot, batch []engine.Event) *feed {
+	f := &feed{sig: make(chan struct{}, 1), snap: snap, batch: batch, first: true}
+	f.sig <- struct{}{}
+	return f
+}
+
+func (f *feed) C() <-chan struct{} { return f.sig }
+func (f *feed) Resync()            {}
+func (f *feed) Close()             {}
+func (f *feed) Take() engine.Update {
+	select {
+	case f.sig <- struct{}{}:
+	default:
+	}
+	if f.first {
+		f.first = false
+		return engine.Update{Snapshot: f.snap}
+	}
+	return engine.Update{Events: f.batch}
+}
+
+// BenchmarkStreamEvents is events delivered per second through the wire (encoded by the
+// server, written, read and decoded by Clients) to 1 and 8 clients on loopback, in batches
+// of 1 to 4096 events a frame. b.N events go to each client.
+func BenchmarkStreamEvents(b *testing.B) {
+	log := eventLog(b, 4096)
+	e, _ := engine.New(engine.DefaultConfig())
+	snap := e.Snapshot()
+	r, stop := busyEngine(b, 0, runner.Config{})
+	defer stop()
+	for _, clients := range []int{1, 8} {
+		for _, batch := range []int{1, 64, 1024, 4096} {
+			b.Run(fmt.Sprintf("clients=%d/batch=%d", clients, batch), func(b *testing.B) {
+				srv := NewServer(r, Options{})
+				srv.subscribe = func() source { return newFeed(&snap, log[:batch]) }
+				ts := httptest.NewServer(srv)
+				defer func() { srv.Close(); ts.Close() }()
+				cs := make([]*Client, clients)
+				for i := range cs {
+					c, err := Dial(context.Background(), ts.URL, ClientOptions{Backlog: 1 << 30})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer c.Close()
+					cs[i] = c
+				}
+				b.ResetTimer()
+				var wg sync.WaitGroup
+				for _, c := range cs {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						got := 0
+						for got < b.N {
+							<-c.C()
+							got += len(c.Take().Events)
+						}
+					}()
+				}
+				wg.Wait()
+				b.StopTimer()
+				b.ReportMetric(float64(clients*b.N)/b.Elapsed().Seconds(), "events/s")
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+}
+
+// BenchmarkStreamBytes compares the websocket with raw TCP for the same bytes in the same
+// run: a frame of 4096 real events (large batch) or of one (small), written back to back by
+// one writer and read by one reader on loopback. MB/s is the figure.
+func BenchmarkStreamBytes(b *testing.B) {
+	log := eventLog(b, 4096)
+	for _, batch := range []int{1, 4096} {
+		var buf bytes.Buffer
+		var enc eventEncoder
+		if err := enc.frame(&buf, 1, log[:batch]); err != nil {
+			b.Fatal(err)
+		}
+		msg := buf.Bytes()
+		b.Run(fmt.Sprintf("batch=%d/transport=websocket", batch), func(b *testing.B) {
+			wsBytes(b, msg)
+		})
+		b.Run(fmt.Sprintf("batch=%d/transport=tcp", batch), func(b *testing.B) {
+			tcpBytes(b, msg)
+		})
+	}
+}
+
+func wsBytes(b *testing.B, msg []byte) {
+	ready := make(chan *websocket.Conn, 1)
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, err := upgrader.Upgrade(w, r, nil)
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		ready <- conn
+	}))
+	defer ts.Close()
+	client, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(ts.URL, "http"), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer client.Close()
+	server := <-ready
+	defer server.Close()
+	done := make(chan error, 1)
+	go func() {
+		for range b.N {
+			_, r, err := client.NextReader()
+			if err != nil {
+				done <- err
+				return
+			}
+			io.Copy(io.Discard, r)
+		}
+		done <- nil
+	}()
+	b.SetBytes(int64(len(msg)))
+	b.ResetTimer()
+	for range b.N {
+		if err := server.WriteMessage(websocket.TextMessage, msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+}
+
+func tcpBytes(b *testing.B, msg []byte) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+	}()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer client.Close()
+	server := <-accepted
+	defer server.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := io.CopyN(io.Discard, client, int64(b.N)*int64(len(msg)))
+		done <- err
+	}()
+	b.SetBytes(int64(len(msg)))
+	b.ResetTimer()
+	for range b.N {
+		if _, err := server.Write(msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkEngineSteps is the engine's steps per second, 256 requests decoding, with no
+// stream client and with 8 that read slowly (16 KiB every 5ms, so they fall behind, lose
+// their backlog and resync). ns/op is per step.
+func BenchmarkEngineSteps(b *testing.B) {
+	for _, slow := range []int{0, 8} {
+		b.Run(fmt.Sprintf("slow_clients=%d", slow), func(b *testing.B) {
+			r, stop := busyEngine(b, 256, runner.Config{Backlog: 4096})
+			defer stop()
+			srv := NewServer(r, Options{})
+			ts := httptest.NewServer(srv)
+			defer func() { srv.Close(); ts.Close() }()
+			var wg sync.WaitGroup
+			var drops atomic.Int64
+			quit := make(chan struct{})
+			for range slow {
+				conn, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(ts.URL, "http")+StreamPath, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				conn.SetReadLimit(-1)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer conn.Close()
+					// 16 KiB every 5ms: about 3 MB/s, far less than the engine makes.
+					chunk := make([]byte, 16<<10)
+					for {
+						_, r, err := conn.NextReader()
+						if err != nil {
+							return
+						}
+						first := true
+						for {
+							n, err := r.Read(chunk)
+							if first && n > 0 {
+								first = false
+								if bytes.HasPrefix(chunk[:n], []byte(`{"type":"dropped"`)) {
+									drops.Add(1)
+								}
+							}
+							select {
+							case <-quit:
+								return
+							case <-time.After(5 * time.Millisecond):
+							}
+							if err != nil {
+								break
+							}
+						}
+					}
+				}()
+			}
+			steps := func() uint64 {
+				var n uint64
+				r.Do(context.Background(), func(e *engine.Engine, _ time.Time) error { n = e.StepNumber(); return nil })
+				return n
+			}
+			// Warm up: let the clients connect and fall behind.
+			warm := steps() + 2000
+			r.Control(engine.Control{Op: engine.ControlStep, N: 2000})
+			for steps() < warm {
+				time.Sleep(time.Millisecond)
+			}
+			b.ResetTimer()
+			const chunk = 1000
+			for done := 0; done < b.N; done += chunk {
+				n := min(chunk, b.N-done)
+				target := steps() + uint64(n)
+				r.Control(engine.Control{Op: engine.ControlStep, N: n})
+				for steps() < target {
+					time.Sleep(200 * time.Microsecond)
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "steps/s")
+			if slow > 0 {
+				// The slow clients must have fallen behind for the figure to mean anything.
+				b.ReportMetric(float64(drops.Load())/float64(slow), "drops/client")
+			}
+			close(quit)
+			srv.Close()
+			wg.Wait()
+		})
+	}
+}
