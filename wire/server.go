@@ -151,8 +151,9 @@ type route struct {
 	handler func(http.ResponseWriter, *http.Request) error
 }
 
-// NewServer returns a server for r. It does not wait for r to run; Close stops its stream
-// connections and its tracer.
+// NewServer returns a server for r. It does not wait for r to run, but its tracer subscribes
+// to r, so Close (which stops the stream connections and the tracer, and waits for them)
+// needs r to have run: start r before closing the server.
 func NewServer(r *runner.Runner, opts Options) *Server {
 	if opts.Clock == nil {
 		opts.Clock = time.Now
