@@ -265,6 +265,16 @@ func (d *Driver) Admitted(id, metadata string, promptLength, matched int, c Call
 	f.phase = phaseTransfer
 }
 
+// Failed tells the driver a call for a request failed for good (a prep_recv refused, a
+// completion that broke off): the request is dropped.
+func (d *Driver) Failed(id string, err error) {
+	if f := d.flights[id]; f != nil {
+		d.drop(f)
+		d.fail(fmt.Errorf("%s: %w", id, err))
+		d.w.Finished(f.a, nil, "error", d.now)
+	}
+}
+
 // Token tells the driver a token of a request's completion arrived.
 func (d *Driver) Token(id string, tok int32) {
 	if f := d.flights[id]; f != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/runner"
+	"github.com/kvtop/kvtop/sim"
 	"github.com/kvtop/kvtop/wire"
 )
 
@@ -98,12 +99,57 @@ func serveFlags(stderr io.Writer) (*flag.FlagSet, func() (serveOptions, error)) 
 	writeTimeout := fs.Duration("write-timeout", d.WriteTimeout, "time one write to a dashboard may take before it is closed")
 	frameEvents := fs.Int("frame-events", d.FrameEvents, "most events in one stream frame")
 	trace := fs.Int("trace-requests", 1024, "recent requests kept for /debug/dump_event_trace")
-	buildEngine := engineFlags(fs)
+	drive := fs.String("drive", "", "drive the server with a built-in scenario's simulated router and prefill instance, over HTTP: "+scenarioNames())
+	tracePath := fs.String("trace", "", "with --drive trace: the Mooncake-format JSONL file")
+	speed := fs.Float64("speed", 1, "with --drive trace: the time scale (2 replays twice as fast)")
+	buildEngine := engineFlagsOver(fs)
 	return fs, func() (serveOptions, error) {
-		return checkServe(serveOptions{listen: *listen, token: *token, control: *control, paused: *paused, verbose: *verbose, trace: *trace,
+		base := engine.DefaultConfig()
+		var drivers []func(context.Context, string, string) error
+		if *drive != "" {
+			sc, err := sim.Lookup(*drive)
+			if err != nil {
+				return serveOptions{}, fmt.Errorf("--drive: %w", err)
+			}
+			if *speed <= 0 {
+				return serveOptions{}, fmt.Errorf("--speed %v must be positive", *speed)
+			}
+			// The scenario's engine settings apply unless a flag overrides them.
+			sc.Configure(&base)
+			drivers = append(drivers, func(ctx context.Context, url, token string) error {
+				return driveHTTP(ctx, url, token, sc, sim.Options{Seed: base.Seed, TracePath: *tracePath, Speed: *speed})
+			})
+			if sc.Name == "trace" {
+				// Read the trace now, so that a bad file is an error before anything starts.
+				if _, err := sc.New(sim.Options{TracePath: *tracePath, Speed: *speed}); err != nil {
+					return serveOptions{}, err
+				}
+			}
+		} else if *tracePath != "" {
+			return serveOptions{}, errors.New("--trace is for --drive trace")
+		}
+		o, err := checkServe(serveOptions{listen: *listen, token: *token, control: *control, paused: *paused, verbose: *verbose, trace: *trace,
 			limits: wire.Limits{MaxBodyBytes: *maxBody, MaxKVBytes: *maxKV, MaxMessageBytes: *maxMsg, MaxTokens: *maxTokens,
-				HeaderTimeout: *headerTimeout, PingInterval: *ping, WriteTimeout: *writeTimeout, FrameEvents: *frameEvents}}, buildEngine)
+				HeaderTimeout: *headerTimeout, PingInterval: *ping, WriteTimeout: *writeTimeout, FrameEvents: *frameEvents}},
+			func() (engine.Config, float64, error) { return buildEngine(base) })
+		o.drivers = append(o.drivers, drivers...)
+		rateSet := false
+		fs.Visit(func(f *flag.Flag) { rateSet = rateSet || f.Name == "steps-per-sec" })
+		if len(drivers) > 0 && !rateSet {
+			// A simulated workload at full speed is over before anyone can watch it.
+			o.rate = demoStepsPerSec
+		}
+		return o, err
 	}
+}
+
+// scenarioNames lists the built-in scenarios for --help.
+func scenarioNames() string {
+	var names []string
+	for _, s := range sim.Scenarios() {
+		names = append(names, s.Name)
+	}
+	return strings.Join(names, ", ")
 }
 
 // checkServe validates the options and builds the engine's configuration.
