@@ -18,7 +18,9 @@ import (
 //
 //	1: hello, snapshot, events, dropped, status, error; the client sends snapshot, pause,
 //	   resume, step.
-const Version = 1
+//	2: blocked reasons travel by name ("watermark", not 5); the arena geometry's fields are
+//	   snake_case; snapshots carry last_match; timeline marks are formatted when sent.
+const Version = 2
 
 // The frame types. The server sends hello first, then snapshot, then any of the others;
 // a client sends only the control types.

@@ -44,6 +44,11 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"--steps-per-sec", "-2"}, "--steps-per-sec -2"},
 		{[]string{"--ping", "soon"}, `invalid value "soon" for flag -ping`},
 		{[]string{"now"}, `unexpected argument "now"`},
+		{[]string{"--drive", "nope"}, `--drive: sim: unknown scenario "nope"`},
+		{[]string{"--trace", "x.jsonl"}, "--trace is for --drive trace"},
+		{[]string{"--drive", "trace"}, "needs --trace FILE"},
+		{[]string{"--drive", "trace", "--trace", "/no/such/file.jsonl"}, "no such file"},
+		{[]string{"--drive", "chat", "--speed", "0"}, "--speed 0 must be positive"},
 	} {
 		var out, errb bytes.Buffer
 		code := run(append([]string{"serve"}, tc.args...), &out, &errb)
@@ -252,5 +257,61 @@ func TestServeCommand(t *testing.T) {
 	var errb2 bytes.Buffer
 	if got := serveCommand(context.Background(), []string{"--listen", ln.Addr().String()}, io.Discard, &errb2); got != 1 || !strings.Contains(errb2.String(), "address already in use") {
 		t.Errorf("serve on a taken port = %d %q, want 1 and the reason", got, errb2.String())
+	}
+}
+
+// kvtop serve --drive chat drives itself over HTTP, and a client attached to it sees the
+// requests finish, with prefix hits: the README's two-terminal live system, in one test.
+func TestServeDriveChatAndAttach(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var errb syncBuffer
+	o, err := parseServe([]string{"--listen", "127.0.0.1:0", "--drive", "chat", "--steps-per-sec", "200"}, &errb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.engine.MaxRecycling != 16 {
+		t.Errorf("--drive chat: max recycling %d, want the scenario's 16", o.engine.MaxRecycling)
+	}
+	s, err := startServer(ctx, o, &errb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Wait() }()
+	c, err := wire.Dial(ctx, s.Addr(), wire.ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var view *engine.View
+	timeout := time.After(30 * time.Second)
+	for view == nil || view.Totals().Finished < 5 {
+		select {
+		case <-c.C():
+		case <-timeout:
+			t.Fatalf("no requests finished in 30s: %s", errb.String())
+		}
+		u := c.Take()
+		if u.Snapshot != nil {
+			if view, err = engine.NewView(*u.Snapshot); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, ev := range u.Events {
+			if err := view.Apply(ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if st := view.PrefixStats(); st.HitTokens == 0 {
+		t.Errorf("the driven chat had no prefix hits: %+v", st)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Wait = %v", err)
+	}
+	if strings.Contains(errb.String(), "driver:") {
+		t.Errorf("the driver failed: %s", errb.String())
 	}
 }

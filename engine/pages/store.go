@@ -22,9 +22,9 @@ type Store interface {
 
 // Geometry is the shape of a model's KV: what one token's KV holds.
 type Geometry struct {
-	Layers  int
-	KVHeads int
-	HeadDim int
+	Layers  int `json:"layers"`
+	KVHeads int `json:"kv_heads"`
+	HeadDim int `json:"head_dim"`
 }
 
 // TokenBytes returns the bytes of one token's KV in fp16: layers × {K,V} × heads × dim × 2.

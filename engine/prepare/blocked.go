@@ -43,6 +43,19 @@ func (r Reason) String() string {
 	return fmt.Sprintf("reason(%d)", uint8(r))
 }
 
+// MarshalText writes the reason's name.
+func (r Reason) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
+// UnmarshalText reads a reason's name.
+func (r *Reason) UnmarshalText(b []byte) error {
+	v, ok := ParseReason(string(b))
+	if !ok {
+		return fmt.Errorf("prepare: unknown blocked reason %q", b)
+	}
+	*r = v
+	return nil
+}
+
 // Reasons returns every reason except ReasonNone, in admission order.
 func Reasons() []Reason {
 	out := make([]Reason, 0, numReasons-1)

@@ -74,6 +74,9 @@ func (r Request) Validate(maxLen int) error {
 			return fmt.Errorf("prep_recv %s: token %d at position %d is negative: %w", r.ID, t, i, ErrBadToken)
 		}
 	}
+	if r.N < 0 {
+		return fmt.Errorf("prep_recv %s: n = %d must be 1: %w", r.ID, r.N, ErrMultipleN)
+	}
 	if r.N > 1 {
 		return fmt.Errorf("prep_recv %s: n = %d (a prefill instance forces n = 1): %w", r.ID, r.N, ErrMultipleN)
 	}

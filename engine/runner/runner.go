@@ -77,7 +77,7 @@ type Runner struct {
 	// Owned by the Run goroutine.
 	stepBudget int
 	prepWait   map[string]chan prepResult
-	tokenWait  map[string]chan engine.Token
+	tokenWait  map[string]*tokenSink
 	rateSteps  int
 	rateStart  time.Time
 }
@@ -105,7 +105,7 @@ func New(e *engine.Engine, cfg Config) *Runner {
 		subs:      make(map[*Subscription]struct{}),
 		status:    engine.Status{Paused: cfg.StartPaused, Target: cfg.StepsPerSec, Controllable: true},
 		prepWait:  make(map[string]chan prepResult),
-		tokenWait: make(map[string]chan engine.Token),
+		tokenWait: make(map[string]*tokenSink),
 	}
 }
 
@@ -330,8 +330,8 @@ func (r *Runner) PrepRecv(ctx context.Context, pr engine.PrepRecv) (Answer, erro
 }
 
 // StartGenerate starts a prepared request and returns the channel its streamed tokens come
-// on; the last one is Final. The channel is buffered for every token the request can make,
-// so the runner never waits for the reader.
+// on; the last one is Final. The runner never waits for the reader: tokens that do not fit
+// the channel's buffer wait in a queue of the request's own and follow at the next step.
 func (r *Runner) StartGenerate(ctx context.Context, id string, begin int) (<-chan engine.Token, error) {
 	var ch chan engine.Token
 	err := r.Do(ctx, func(e *engine.Engine, now time.Time) error {
@@ -342,8 +342,8 @@ func (r *Runner) StartGenerate(ctx context.Context, id string, begin int) (<-cha
 		if err := e.StartGenerate(now, id, begin); err != nil {
 			return err
 		}
-		ch = make(chan engine.Token, rv.MaxTokens+2)
-		r.tokenWait[id] = ch
+		ch = make(chan engine.Token, min(rv.MaxTokens+2, maxTokenBuffer))
+		r.tokenWait[id] = &tokenSink{ch: ch}
 		return nil
 	})
 	if err != nil {
@@ -371,16 +371,13 @@ func (r *Runner) publish(evs []engine.Event, toks []engine.Token) {
 		}
 	}
 	for _, t := range toks {
-		if ch, ok := r.tokenWait[t.ID]; ok {
-			select {
-			case ch <- t:
-			default:
-				// Cannot happen: the buffer holds every token the request can make.
-			}
-			if t.Final {
-				delete(r.tokenWait, t.ID)
-				close(ch)
-			}
+		if sink, ok := r.tokenWait[t.ID]; ok {
+			sink.queue = append(sink.queue, t)
+		}
+	}
+	for id, sink := range r.tokenWait {
+		if sink.flush() {
+			delete(r.tokenWait, id)
 		}
 	}
 	if len(evs) == 0 {
@@ -401,8 +398,8 @@ func (r *Runner) shutdown() {
 	for id, ch := range r.prepWait {
 		ch <- prepResult{err: fmt.Errorf("prep_recv %s: %w", id, ErrStopped)}
 	}
-	for _, ch := range r.tokenWait {
-		close(ch)
+	for _, sink := range r.tokenWait {
+		close(sink.ch)
 	}
 	r.mu.Lock()
 	subs := r.subs
@@ -415,3 +412,33 @@ func (r *Runner) shutdown() {
 
 // Done is closed when Run has returned.
 func (r *Runner) Done() <-chan struct{} { return r.done }
+
+// maxTokenBuffer bounds a completion's token channel; a request asking for more tokens gets
+// the rest through its queue.
+const maxTokenBuffer = 1024
+
+// tokenSink hands a request's tokens to its reader: through the channel while it has room,
+// queued (in order) while it has not.
+type tokenSink struct {
+	ch    chan engine.Token
+	queue []engine.Token
+}
+
+// flush moves queued tokens into the channel without waiting, and closes it after the final
+// one. It reports whether the sink is done.
+func (s *tokenSink) flush() bool {
+	for len(s.queue) > 0 {
+		select {
+		case s.ch <- s.queue[0]:
+			final := s.queue[0].Final
+			s.queue = s.queue[1:]
+			if final {
+				close(s.ch)
+				return true
+			}
+		default:
+			return false
+		}
+	}
+	return false
+}

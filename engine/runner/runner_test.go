@@ -330,3 +330,39 @@ func TestStartGenerateStreamsTokens(t *testing.T) {
 		<-r.Done()
 	})
 }
+
+// A completion longer than the token channel's buffer still arrives whole and in order,
+// while the runner never waits for the reader.
+func TestLongCompletionOverflowsIntoItsQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := New(newEngine(t), Config{Clock: time.Now})
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go r.Run(ctx)
+		if _, err := r.PrepRecv(ctx, engine.PrepRecv{ID: "A", Prompt: prompt(40, 1), End: -1, HasEnd: true, MaxTokens: 3000}); err != nil {
+			t.Fatal(err)
+		}
+		toks, err := r.StartGenerate(ctx, "A", -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cap(toks) != maxTokenBuffer {
+			t.Errorf("token buffer = %d, want %d", cap(toks), maxTokenBuffer)
+		}
+		// Read nothing until the request has run to the end.
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		n := 0
+		for tok := range toks {
+			if tok.Index != n {
+				t.Fatalf("token %d has index %d", n, tok.Index)
+			}
+			n++
+		}
+		if n != 3000 {
+			t.Errorf("read %d tokens, want 3000", n)
+		}
+		cancel()
+		<-r.Done()
+	})
+}
