@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/kvtop/kvtop/engine/pages"
@@ -231,7 +233,10 @@ func newKVProgress(runs []pages.Run, pageSize int) kvProgress {
 			s += int64(n)
 		}
 	}
-	sort.Slice(kp.spans, func(i, j int) bool { return kp.spans[i].page < kp.spans[j].page })
+	byPage := func(a, b kvSpan) int { return cmp.Compare(a.page, b.page) }
+	if !slices.IsSortedFunc(kp.spans, byPage) {
+		slices.SortFunc(kp.spans, byPage)
+	}
 	kp.bits = make([]uint64, (kp.reserved+63)/64)
 	kp.runRecv = make([]int, len(runs))
 	return kp
