@@ -1,19 +1,3 @@
-// Package runner is the thin goroutine wrapper around an engine.Engine: it owns the engine,
-// paces its steps in real time, takes the calls of a router and a prefill instance through a
-// bounded queue, and hands every step's events to subscribers without ever waiting for them.
-//
-// # Usage
-//
-//	r := runner.New(e, runner.Config{StepsPerSec: 50, Clock: time.Now})
-//	go r.Run(ctx)
-//	sub := r.Subscribe()         // a mailbox: first update is a snapshot
-//	ans, err := r.PrepRecv(ctx, engine.PrepRecv{...}) // waits until admitted
-//
-// # Concurrency
-//
-// Every method is safe for concurrent use. The engine is touched only by the goroutine in
-// Run. A subscription never blocks the runner: a subscriber that falls more than Backlog
-// events behind loses them, is told how many, and gets a fresh snapshot instead.
 package runner
 
 import (

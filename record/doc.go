@@ -1,0 +1,14 @@
+// Package record writes what a dashboard receives to a file, and plays such a file back as
+// a dashboard source: a recording of a stuck decode instance is a bug report anyone can
+// open with `kvtop replay FILE`.
+//
+// A recording is one JSON frame a line, in the stream's own format (wire.Frame): a snapshot
+// frame, then events frames (and status and dropped frames as they came). Every later
+// snapshot (after a resync) is written too, so a player can seek without replaying from the
+// start.
+//
+// # Concurrency
+//
+// A Recorder is safe for concurrent use. A Player runs its own goroutine; its Source methods
+// are safe for concurrent use.
+package record
