@@ -76,6 +76,7 @@ func TestProgram(t *testing.T) {
 	}
 	send("2", "3", "tab", "1")                                 // panels
 	send("/", "^", "r", "-", "3", "[", "6", "7", "]", "enter") // filter: r-36, r-37
+	send("j", "k")                                             // choose the top row, r-37
 	send("s")                                                  // sort: arrival
 	send("p")                                                  // pause
 	if c := within(t, src.controls, "the pause control"); c.Op != engine.ControlPause {

@@ -42,3 +42,4 @@ func TestReplayKeysSendSpeedAndSeek(t *testing.T) {
 		}
 	}
 }
+

@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"charm.land/bubbles/v2/key"
 	"cmp"
 	"fmt"
 	"slices"
@@ -68,6 +69,9 @@ type requestsPanel struct {
 	}
 	cur cursor
 	sel string // the selected request's id, kept across re-sorts
+	// chosen says the user picked the selection. Until then (and again after Home) the
+	// cursor stays on the top row, so the most stuck request is the one in view.
+	chosen bool
 
 	out string
 	key renderKey
@@ -105,6 +109,8 @@ func (p requestsPanel) visibleRows() int { return max(p.height-2, 1) }
 func (p requestsPanel) Update(msg tea.Msg) (requestsPanel, tea.Cmd) {
 	if p.cur.move(msg, p.keys, len(p.rows), p.visibleRows()) && p.cur.pos < len(p.rows) {
 		p.sel = p.rows[p.cur.pos].r.ID
+		km, _ := msg.(tea.KeyPressMsg)
+		p.chosen = !key.Matches(km, p.keys.Home)
 	}
 	return p, nil
 }
@@ -113,6 +119,7 @@ func (p requestsPanel) selected() string { return p.sel }
 
 func (p requestsPanel) selectID(id string) requestsPanel {
 	p.sel = id
+	p.chosen = true
 	for i := range p.rows {
 		if p.rows[i].r.ID == id {
 			p.cur.pos = i
@@ -151,10 +158,13 @@ func (p requestsPanel) Refresh() requestsPanel {
 		p.rowsKey = rk
 		p.buildRows()
 	}
-	// The selection follows its request through re-sorts; a request gone leaves the
-	// cursor where it was.
+	// A chosen selection follows its request through re-sorts (a request gone leaves the
+	// cursor where it was); otherwise the cursor stays on the top row.
+	if !p.chosen {
+		p.cur.pos = 0
+	}
 	for i := range p.rows {
-		if p.rows[i].r.ID == p.sel {
+		if p.chosen && p.rows[i].r.ID == p.sel {
 			p.cur.pos = i
 			break
 		}
