@@ -42,4 +42,3 @@ func TestReplayKeysSendSpeedAndSeek(t *testing.T) {
 		}
 	}
 }
-
