@@ -555,6 +555,12 @@ func (m *Model) filterKey(k tea.KeyPressMsg) {
 // is folded into the live view and counted, not drawn.
 func (m *Model) togglePause() tea.Cmd {
 	ctl := m.controllable()
+	if m.frozen == nil && ctl && m.haveStatus && m.status.Paused {
+		// The engine is paused already (started paused, or paused by another dashboard):
+		// p resumes it rather than pausing twice.
+		m.setMessage("resumed", false)
+		return m.control(engine.Control{Op: engine.ControlResume})
+	}
 	if m.frozen == nil {
 		m.freeze()
 		if ctl {

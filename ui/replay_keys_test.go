@@ -42,3 +42,28 @@ func TestReplayKeysSendSpeedAndSeek(t *testing.T) {
 		}
 	}
 }
+
+// With the engine paused already (a replay started at a step, a server started paused), p
+// resumes it instead of pausing it a second time.
+func TestPauseKeyResumesAPausedEngine(t *testing.T) {
+	src := newFakeSource()
+	m := New(src, Options{Control: true})
+	m.status, m.haveStatus = engine.Status{Paused: true, Controllable: true}, true
+	cmd := m.onKey(tea.KeyPressMsg{Code: 'p', Text: "p"})
+	if cmd == nil {
+		t.Fatal("p sent nothing")
+	}
+	cmd()
+	if c := <-src.controls; c.Op != engine.ControlResume {
+		t.Errorf("p on a paused engine sent %v, want resume", c)
+	}
+	if m.frozen != nil {
+		t.Errorf("p on a paused engine froze the view")
+	}
+	// Running again, p pauses and freezes.
+	m.status.Paused = false
+	m.onKey(tea.KeyPressMsg{Code: 'p', Text: "p"})()
+	if c := <-src.controls; c.Op != engine.ControlPause || m.frozen == nil {
+		t.Errorf("p on a running engine sent %v, frozen %v; want pause and a frozen view", c, m.frozen != nil)
+	}
+}
