@@ -30,9 +30,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return runServe(args[1:], stdout, stderr)
 		case "replay":
 			return runReplay(args[1:], stdout, stderr)
-		case "help", "-h", "-help", "--help":
+		case "help":
 			fmt.Fprint(stdout, usage)
 			return 0
+		case "-h", "-help", "--help":
+			// The commands, then the flags of the default one (the demo and --attach).
+			fmt.Fprint(stdout, usage, "\n")
+			return runDashboard([]string{"-h"}, stdout, stdout)
 		case "version", "-version", "--version":
 			fmt.Fprintf(stdout, "kvtop %s\n", version)
 			return 0
@@ -51,5 +55,6 @@ Usage:
   kvtop help                     this text
   kvtop --version                the version
 
-Run 'kvtop --help', 'kvtop serve --help' or 'kvtop replay --help' for each command's flags.
+'kvtop --help' adds the demo's scenarios and flags; 'kvtop serve --help' and
+'kvtop replay --help' give theirs.
 `

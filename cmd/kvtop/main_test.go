@@ -50,6 +50,8 @@ func TestHelpAndVersion(t *testing.T) {
 		{[]string{"--version"}, "kvtop " + version},
 		{[]string{"help"}, "kvtop serve"},
 		{[]string{"--help"}, "kvtop replay FILE"},
+		{[]string{"--help"}, "-max-num-seq"},
+		{[]string{"-h"}, "recycle-stall"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(tc.args, &out, &errb); code != 0 || !strings.Contains(out.String(), tc.want) {
