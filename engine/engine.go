@@ -703,7 +703,6 @@ func (e *Engine) pagesNeeded(seq int64, n int) int {
 
 // reserve appends n slots to a sequence in every model's cache and returns the pages taken.
 func (e *Engine) reserve(seq int64, n int) []int32 {
-	before := e.caches[0].NumAvailablePages()
 	var slots []int64
 	for _, c := range e.caches {
 		var err error
@@ -713,18 +712,7 @@ func (e *Engine) reserve(seq int64, n int) []int32 {
 		}
 		e.scratch = slots
 	}
-	taken := before - e.caches[0].NumAvailablePages()
-	if taken == 0 {
-		return nil
-	}
-	ps := int64(e.cfg.PageSize)
-	var out []int32
-	for _, s := range slots {
-		if s%ps == 0 {
-			out = append(out, int32(s/ps))
-		}
-	}
-	return out[len(out)-taken:]
+	return e.newPages(toRuns(slots))
 }
 
 // decode runs batch decode: one token for every running request with nothing to prefill,

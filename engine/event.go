@@ -327,6 +327,45 @@ func EventKinds() []string {
 		"hazard_detected", "step_completed"}
 }
 
+// RequestOf returns the request an event concerns, if it concerns one.
+func RequestOf(ev Event) (string, bool) {
+	switch e := ev.(type) {
+	case RequestArrived:
+		return e.ID, true
+	case PrepareBlocked:
+		return e.ID, true
+	case PrepareAdmitted:
+		return e.ID, true
+	case PrefixMatched:
+		return e.ID, true
+	case SeqAdded:
+		return e.ID, true
+	case SeqForked:
+		return e.ID, true
+	case PagesReserved:
+		return e.ID, true
+	case SeqRecycled:
+		return e.ID, true
+	case MetadataEmitted:
+		return e.ID, true
+	case KVReceived:
+		return e.ID, true
+	case RequestStarted:
+		return e.ID, true
+	case Prefilled:
+		return e.ID, true
+	case RequestFinished:
+		return e.ID, true
+	case RequestAborted:
+		return e.ID, true
+	case RequestRetired:
+		return e.ID, true
+	case HazardDetected:
+		return e.Hazard.ID, true
+	}
+	return "", false
+}
+
 // NewEvent returns a zero event of the given kind, for decoders.
 func NewEvent(kind string) (Event, bool) {
 	switch kind {

@@ -153,33 +153,17 @@ func addMark(h []Mark, m Mark, coalesce bool) []Mark {
 }
 
 // markOf returns the request an event belongs on the timeline of, and whether it replaces a
-// previous mark of its kind. Both the engine and View use it, so their timelines agree.
+// previous mark of its kind. Both the engine and View use it, so their timelines agree. The
+// page operations and retirement stay off timelines.
 func markOf(ev Event) (id string, coalesce, ok bool) {
-	switch e := ev.(type) {
-	case RequestArrived:
-		return e.ID, false, true
-	case PrepareBlocked:
-		return e.ID, true, true
-	case PrepareAdmitted:
-		return e.ID, false, true
-	case PrefixMatched:
-		return e.ID, false, true
-	case MetadataEmitted:
-		return e.ID, false, true
-	case KVReceived:
-		return e.ID, true, true
-	case RequestStarted:
-		return e.ID, false, true
-	case Prefilled:
-		return e.ID, true, true
-	case RequestFinished:
-		return e.ID, false, true
-	case RequestAborted:
-		return e.ID, false, true
-	case HazardDetected:
-		return e.Hazard.ID, false, true
+	switch ev.(type) {
+	case SeqAdded, SeqForked, PagesReserved, SeqRecycled, RequestRetired:
+		return "", false, false
+	case PrepareBlocked, KVReceived, Prefilled:
+		coalesce = true
 	}
-	return "", false, false
+	id, ok = RequestOf(ev)
+	return id, coalesce, ok
 }
 
 // blockedKinds are the mark kinds of blocked evaluations, one per reason, so that blocked

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -323,5 +322,3 @@ func clip(b []byte) string {
 	}
 	return string(b)
 }
-
-var _ = slices.Equal[[]int]

@@ -243,10 +243,3 @@ func (p *Player) Close() {
 		<-p.done
 	}
 }
-
-// Status returns the player's status.
-func (p *Player) Status() engine.Status {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.status
-}

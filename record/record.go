@@ -184,9 +184,6 @@ func (rec *Recording) Steps() (first, last uint64) {
 	return rec.items[0].step, rec.items[len(rec.items)-1].step
 }
 
-// Len returns the number of events and snapshots.
-func (rec *Recording) Len() int { return len(rec.items) }
-
 // StateAt returns the state after everything recorded up to and including step: the last
 // snapshot at or before it with the events after it applied. It is how a player seeks.
 func (rec *Recording) StateAt(step uint64) (*engine.View, int, error) {

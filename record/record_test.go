@@ -2,7 +2,6 @@ package record
 
 import (
 	"bytes"
-	"context"
 	"io"
 	"reflect"
 	"strings"
@@ -160,7 +159,6 @@ func TestPlayerStepsAndSeeks(t *testing.T) {
 			t.Errorf("seek to -1 = nil, want an error")
 		}
 	})
-	_ = context.Background
 }
 
 func TestLoadRefusesBrokenRecordings(t *testing.T) {

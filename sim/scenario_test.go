@@ -107,8 +107,6 @@ func TestRecycleStallStopsAdmissionForGood(t *testing.T) {
 		t.Errorf("recycle-stall: %d running; the stall is for good only when nothing runs", snap.Last.Counts.Running)
 	}
 	// For good: another minute admits nothing.
-	sc, _ := Lookup("recycle-stall")
-	_ = sc
 	ls := &Lockstep{E: e, D: NewDriver(NewStream(StreamParams{Every: time.Second, Prompt: [2]int{400, 800}, MaxTokens: [2]int{8, 8}, Prefix: "late"}, 9), DriverConfig{}), StepTime: 50 * time.Millisecond, Start: time.UnixMilli(snap.Stamp.At)}
 	ls.Run(1200)
 	if got := e.Totals().Admitted; got != admitted {

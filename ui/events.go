@@ -72,7 +72,7 @@ func (p eventsPanel) selected() string {
 	if p.w == nil || p.cur.pos >= len(p.idx) {
 		return ""
 	}
-	id, _ := eventRequest(p.w.events.at(p.idx[p.cur.pos]).ev)
+	id, _ := engine.RequestOf(p.w.events.at(p.idx[p.cur.pos]).ev)
 	return id
 }
 

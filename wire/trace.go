@@ -180,13 +180,7 @@ func (t *tracer) apply(ev engine.Event) {
 		tr.phases = append(tr.phases, phase{name: "waiting", from: e.Stamp, open: true})
 		return
 	}
-	var id string
-	switch e := ev.(type) {
-	case engine.HazardDetected:
-		id = e.Hazard.ID
-	default:
-		id = requestOf(ev)
-	}
+	id, _ := engine.RequestOf(ev)
 	tr := t.open[id]
 	if tr == nil {
 		return
@@ -231,31 +225,6 @@ func (t *tracer) apply(ev engine.Event) {
 	case engine.RequestRetired:
 		t.finish(tr, e.Stamp, "retired")
 	}
-}
-
-// requestOf returns the request an event is about, if it is about one.
-func requestOf(ev engine.Event) string {
-	switch e := ev.(type) {
-	case engine.PrepareBlocked:
-		return e.ID
-	case engine.PrepareAdmitted:
-		return e.ID
-	case engine.MetadataEmitted:
-		return e.ID
-	case engine.KVReceived:
-		return e.ID
-	case engine.RequestStarted:
-		return e.ID
-	case engine.Prefilled:
-		return e.ID
-	case engine.RequestFinished:
-		return e.ID
-	case engine.RequestAborted:
-		return e.ID
-	case engine.RequestRetired:
-		return e.ID
-	}
-	return ""
 }
 
 // traceEvent is one entry of the Chrome trace event format that MLC's
