@@ -34,11 +34,13 @@ const DefaultMaxTokens = 16
 type Engine struct {
 	cfg    Config
 	caches []*pages.Cache
-	arenas []*pages.Arena
+	// stores hold the KV payload of each model's cache; KV writes go through them.
+	stores []pages.Store
+	// prefix is the prefix cache; a disabled one is a no-op (it matches and holds nothing),
+	// so nothing here asks which mode it is in.
 	prefix *prefix.Cache
 	ids    prepare.IDs
 	act    *prepare.Action
-	radix  bool
 
 	step  uint64
 	now   int64 // engine time of the current call, Unix milliseconds
@@ -112,7 +114,6 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg:      cfg,
-		radix:    cfg.PrefixCache == "radix",
 		reqs:     make(map[string]*request),
 		seqOwner: make(map[int64]*request),
 		pageKV:   make(map[int32]*request),
@@ -126,12 +127,12 @@ func New(cfg Config) (*Engine, error) {
 		if err != nil {
 			return nil, fmt.Errorf("engine: %w", err)
 		}
-		e.arenas = append(e.arenas, arena)
+		e.stores = append(e.stores, arena)
 		e.caches = append(e.caches, c)
 	}
-	mode := prefix.Radix
-	if !e.radix {
-		mode = prefix.Disabled
+	mode := prefix.Disabled
+	if cfg.PrefixCache == "radix" {
+		mode = prefix.Radix
 	}
 	e.prefix = prefix.New(prefix.Config{Mode: mode, MaxRecycling: cfg.Recycling(), OnEvict: e.onEvict})
 	act, err := prepare.New(prepare.Config{
@@ -141,11 +142,10 @@ func New(cfg Config) (*Engine, error) {
 		PrefillChunkSize:       cfg.PrefillChunkSize,
 		Watermark:              cfg.Watermark,
 		SpecFactor:             cfg.SpecFactor(),
-	}, e.caches, e.prefix, &e.ids, e.radix)
+	}, e.caches, e.prefix, &e.ids)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	act.HoldExtensions = true
 	e.act = act
 	return e, nil
 }
@@ -319,10 +319,10 @@ func (e *Engine) ReceiveKV(now time.Time, slots []int64, payload []byte) (KVResu
 	if len(slots) == 0 {
 		return res, fmt.Errorf("kv write of no slots: %w", ErrBadKVWrite)
 	}
-	tb := e.arenas[0].TokenBytes()
-	if want := len(slots) * tb * len(e.arenas); len(payload) != want {
+	tb := e.stores[0].TokenBytes()
+	if want := len(slots) * tb * len(e.stores); len(payload) != want {
 		return res, fmt.Errorf("kv write of %d slots: payload is %d bytes, want %d (%d models × %d bytes a token): %w",
-			len(slots), len(payload), want, len(e.arenas), tb, ErrBadKVWrite)
+			len(slots), len(payload), want, len(e.stores), tb, ErrBadKVWrite)
 	}
 	ps := e.cfg.PageSize
 	type target struct {
@@ -365,9 +365,9 @@ func (e *Engine) ReceiveKV(now time.Time, slots []int64, payload []byte) (KVResu
 	byReq := map[*request]*group{}
 	for i, t := range targets {
 		if tb > 0 {
-			for m, a := range e.arenas {
-				off := (i*len(e.arenas) + m) * tb
-				a.WriteSlot(slots[i], payload[off:off+tb])
+			for m, st := range e.stores {
+				off := (i*len(e.stores) + m) * tb
+				st.WriteSlot(slots[i], payload[off:off+tb])
 			}
 		}
 		t.r.kv.set(t.idx)
@@ -491,12 +491,12 @@ func (e *Engine) prepareReceive(sc *StepCompleted) bool {
 		if head == nil {
 			break
 		}
-		out := e.act.Step(running, []prepare.Request{head.prepareRequest()})
-		if out.Blocked != nil {
-			e.block(head, *out.Blocked)
+		p, ev := e.act.Admit(running, head.prepareRequest())
+		if ev.Blocked() {
+			e.block(head, ev)
 			break
 		}
-		e.admit(head, out.Admitted[0])
+		e.admit(head, p)
 		admitted++
 	}
 	sc.Admitted = admitted
@@ -627,7 +627,7 @@ func (e *Engine) checkForkRace(r *request, p prepare.Prepared) {
 // prompt up to end.
 func (e *Engine) queueExtension(r *request) {
 	r.extQueued = true
-	if e.radix && r.end > r.matched && e.prefix.HasSequence(r.seq) {
+	if r.end > r.matched && e.prefix.HasSequence(r.seq) {
 		e.prefix.ExtendSequence(r.seq, r.prompt[r.matched:r.end])
 	}
 }
@@ -663,7 +663,7 @@ func (e *Engine) prefill(sc *StepCompleted) bool {
 			break
 		}
 		newPages := e.reserve(r.seq, chunk)
-		if e.radix && e.prefix.HasSequence(r.seq) {
+		if e.prefix.HasSequence(r.seq) {
 			e.prefix.ExtendSequence(r.seq, r.prompt[r.tailPos:r.tailPos+chunk])
 		}
 		r.tailPos += chunk
@@ -747,7 +747,7 @@ func (e *Engine) decode(sc *StepCompleted) bool {
 				panic(fmt.Sprintf("engine: decode %s: %v", r.id, err))
 			}
 		}
-		if e.radix && e.prefix.HasSequence(r.seq) {
+		if e.prefix.HasSequence(r.seq) {
 			e.prefix.ExtendSequence(r.seq, []int32{r.lastToken})
 		}
 		e.sample(r)
@@ -802,7 +802,7 @@ func (e *Engine) finish(r *request) {
 // release gives up a request's KV sequence: recycled into the prefix cache when recycle is
 // set and the cache holds it, else removed.
 func (e *Engine) release(r *request, recycle bool) {
-	if recycle && e.radix && e.prefix.HasSequence(r.seq) {
+	if recycle && e.prefix.HasSequence(r.seq) {
 		if err := e.prefix.RecycleSequence(r.seq); err != nil {
 			panic(fmt.Sprintf("engine: recycle %s seq %d: %v", r.id, r.seq, err))
 		}
@@ -820,8 +820,20 @@ func (e *Engine) release(r *request, recycle bool) {
 	e.removeSeq(r.seq)
 }
 
-// removeSeq removes a KV sequence from every model's cache.
+// removeSeq removes a KV sequence from every model's cache, other than by eviction.
 func (e *Engine) removeSeq(seq int64) {
+	e.emit(SeqRemoved{Stamp: e.mark(), Seq: seq, Freed: e.dropSeq(seq)})
+}
+
+// onEvict is the prefix cache's eviction callback: the KV sequence goes too.
+func (e *Engine) onEvict(seq int64) {
+	e.totals.Evicted++
+	e.emit(SeqEvicted{Stamp: e.mark(), Seq: seq, Freed: e.dropSeq(seq)})
+}
+
+// dropSeq removes a KV sequence from every model's cache, frees its id and returns the
+// pages freed.
+func (e *Engine) dropSeq(seq int64) int {
 	before := e.caches[0].NumAvailablePages()
 	for _, c := range e.caches {
 		if err := c.RemoveSequence(seq); err != nil {
@@ -830,21 +842,7 @@ func (e *Engine) removeSeq(seq int64) {
 	}
 	delete(e.seqOwner, seq)
 	e.ids.Recycle(seq)
-	e.emit(SeqRemoved{Stamp: e.mark(), Seq: seq, Freed: e.caches[0].NumAvailablePages() - before})
-}
-
-// onEvict is the prefix cache's eviction callback: the KV sequence goes too.
-func (e *Engine) onEvict(seq int64) {
-	before := e.caches[0].NumAvailablePages()
-	for _, c := range e.caches {
-		if err := c.RemoveSequence(seq); err != nil {
-			panic(fmt.Sprintf("engine: evict seq %d: %v", seq, err))
-		}
-	}
-	delete(e.seqOwner, seq)
-	e.ids.Recycle(seq)
-	e.totals.Evicted++
-	e.emit(SeqEvicted{Stamp: e.mark(), Seq: seq, Freed: e.caches[0].NumAvailablePages() - before})
+	return e.caches[0].NumAvailablePages() - before
 }
 
 // preempt aborts a running request for want of pages and frees its KV; the router starts

@@ -73,7 +73,7 @@ func TestKVPayloadLandsAndForkCopiesIt(t *testing.T) {
 	for m := range 2 {
 		for i, s := range slots {
 			off := (i*2 + m) * tb
-			if got := e.arenas[m].ReadSlot(s, nil); !slices.Equal(got, payload[off:off+tb]) {
+			if got := e.stores[m].ReadSlot(s, nil); !slices.Equal(got, payload[off:off+tb]) {
 				t.Fatalf("model %d slot %d = %v, want %v", m, s, got, payload[off:off+tb])
 			}
 		}
@@ -91,7 +91,7 @@ func TestKVPayloadLandsAndForkCopiesIt(t *testing.T) {
 		src := slots[pos]
 		dst := 3*16 + int64(pos-16)
 		for m := range 2 {
-			if got, want := e.arenas[m].ReadSlot(dst, nil), e.arenas[m].ReadSlot(src, nil); !slices.Equal(got, want) {
+			if got, want := e.stores[m].ReadSlot(dst, nil), e.stores[m].ReadSlot(src, nil); !slices.Equal(got, want) {
 				t.Errorf("model %d: copied slot %d = %v, want slot %d's %v", m, dst, got, src, want)
 			}
 		}

@@ -247,7 +247,7 @@ func (h *scriptHarness) run(d *datadriven.TestData) string {
 }
 
 func (h *scriptHarness) write(slots []int64) string {
-	tb := h.e.arenas[0].TokenBytes() * len(h.e.arenas)
+	tb := h.e.stores[0].TokenBytes() * len(h.e.stores)
 	payload := make([]byte, len(slots)*tb)
 	for i := range payload {
 		payload[i] = byte(i)

@@ -308,7 +308,7 @@ func (p detailPanel) why(v *engine.View, r *engine.RequestView, now engine.Stamp
 // holds; the first that fails is the reason.
 func (p detailPanel) checks(ev prepare.Evaluation) []string {
 	st := p.st
-	out := []string{fmt.Sprintf("  %-2s%-15s %15s  %s", "", "predicate", "lhs ≤ rhs", "test (spec 5.2)")}
+	out := []string{fmt.Sprintf("  %-2s%-15s %15s  %s", "", "predicate", "lhs ≤ rhs", "test (docs/admission.md)")}
 	first := true
 	for _, c := range ev.Checks() {
 		mark, op, style := "✓", "≤", st.Pass

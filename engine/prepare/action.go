@@ -55,24 +55,21 @@ type Action struct {
 	// speculative decoding is the second). They see the same operations and stay alike;
 	// admission reads the first.
 	caches []*pages.Cache
+	// prefix is the prefix cache; a disabled one matches nothing, holds nothing and evicts
+	// nothing, so the action never asks which mode it is in.
 	prefix *prefix.Cache
 	ids    *IDs
-	radix  bool
-
-	// HoldExtensions leaves queuing the prefix-cache extension of each admitted request to
-	// the caller (the engine may wait until the KV has arrived). When false, Step queues them
-	// when it ends, as MLC does after the step.
-	HoldExtensions bool
 
 	slots []int64 // scratch
 }
 
-// New returns the action. The prefix cache decides the mode: in Disabled mode nothing is
-// matched.
-func New(cfg Config, caches []*pages.Cache, pc *prefix.Cache, ids *IDs, radix bool) (*Action, error) {
+// New returns the action.
+func New(cfg Config, caches []*pages.Cache, pc *prefix.Cache, ids *IDs) (*Action, error) {
 	switch {
 	case len(caches) == 0:
 		return nil, fmt.Errorf("no KV cache: %w", ErrBadConfig)
+	case pc == nil:
+		return nil, fmt.Errorf("no prefix cache (pass a disabled one): %w", ErrBadConfig)
 	case cfg.PageSize != caches[0].PageSize():
 		return nil, fmt.Errorf("page size %d, cache has %d: %w", cfg.PageSize, caches[0].PageSize(), ErrBadConfig)
 	case cfg.MaxNumSequence < 1 || cfg.PrefillChunkSize < 1 || cfg.MaxTotalSequenceLength < 1:
@@ -88,7 +85,7 @@ func New(cfg Config, caches []*pages.Cache, pc *prefix.Cache, ids *IDs, radix bo
 			return nil, fmt.Errorf("model %d's cache differs in geometry from model 0's: %w", i+1, ErrBadConfig)
 		}
 	}
-	return &Action{cfg: cfg, caches: caches, prefix: pc, ids: ids, radix: radix}, nil
+	return &Action{cfg: cfg, caches: caches, prefix: pc, ids: ids}, nil
 }
 
 // Config returns the action's settings.
@@ -118,63 +115,36 @@ type Prepared struct {
 	Evaluation Evaluation
 }
 
-// Outcome is what one run of the action did.
-type Outcome struct {
-	// Admitted lists the requests admitted, in order.
-	Admitted []Prepared
-	// Blocked is the evaluation of the first request that was not admitted (the head of the
-	// line), with the reason; nil when every waiting request was admitted or none waited.
-	// The other waiting requests are behind it.
-	Blocked *Evaluation
-}
-
-// Step runs the action once (spec 5.1 and 5.3): while the first waiting prepare-receive
-// request can be admitted, admit it. running is the number of running requests with nothing
-// left to prefill; queue holds the waiting prepare-receive requests in FIFO order. The caller
-// removes the admitted ones from its waiting queue.
-//
-// A request whose window does not resolve blocks the queue with ReasonWindow; Validate keeps
-// such requests out in the first place.
-func (a *Action) Step(running int, queue []Request) Outcome {
-	var out Outcome
-	for _, req := range queue {
-		ev, ok := a.admit(running, req)
-		if !ok {
-			out.Blocked = &ev
-			break
-		}
-		out.Admitted = append(out.Admitted, a.body(req, ev))
+// Admit runs the action for the prepare-receive request at the head of the line (spec
+// 5.1 and 5.3): running is the number of running requests with nothing left to prefill. It
+// evaluates admission, evicting recycling sequences while HasPrefillSpace fails, and when
+// the request passes, reserves its slots. The evaluation says why when it does not
+// (ev.Blocked()); the caller then stops admitting for this step, as MLC does. An admitted
+// request's prefix-cache extension (Prepared.Extension) is the caller's to queue, after the
+// step.
+func (a *Action) Admit(running int, req Request) (Prepared, Evaluation) {
+	ev := a.evaluate(running, req)
+	if ev.Blocked() {
+		return Prepared{}, ev
 	}
-	if !a.HoldExtensions {
-		for _, p := range out.Admitted {
-			a.QueueExtension(p)
-		}
-	}
-	return out
-}
-
-// QueueExtension tells the prefix cache (lazily) that p's sequence holds its prompt up to
-// End: step 8 of spec 5.3, which MLC does after the step whether or not P has written the KV.
-func (a *Action) QueueExtension(p Prepared) {
-	if a.radix && len(p.Extension) > 0 && a.prefix.HasSequence(p.Seq) {
-		a.prefix.ExtendSequence(p.Seq, p.Extension)
-	}
+	return a.reserve(req, ev), ev
 }
 
 // Evaluate tests admission of req as if it were at the head of the line, without evicting
 // anything: the numbers the dashboard shows for it. Recycling and Evictable say what the
 // eviction loop could free.
 func (a *Action) Evaluate(running int, req Request) Evaluation {
-	ev := a.evaluation(running, req)
-	a.decide(&ev)
+	ev := a.measure(running, req)
+	ev.Reason = ev.firstFailure()
 	a.explain(&ev)
 	return ev
 }
 
-func (a *Action) evaluation(running int, req Request) Evaluation {
+// measure reads the numbers admission tests from the caches as they are now.
+func (a *Action) measure(running int, req Request) Evaluation {
 	c := a.caches[0]
 	end, _ := req.ResolveEnd()
-	ev := Evaluation{
+	return Evaluation{
 		Request:                req.ID,
 		PromptLength:           len(req.Prompt),
 		End:                    end,
@@ -189,63 +159,42 @@ func (a *Action) evaluation(running int, req Request) Evaluation {
 		TotalSequenceLength:    c.TotalSequenceLength(),
 		MaxTotalSequenceLength: a.cfg.MaxTotalSequenceLength,
 	}
-	return ev
 }
 
 // explain fills in what eviction could still free.
 func (a *Action) explain(ev *Evaluation) {
-	if a.radix {
-		rec := a.prefix.Recycling()
-		ev.Recycling = len(rec)
-		ev.Evictable = a.caches[0].PagesFreedByRemoving(rec)
-	}
+	rec := a.prefix.Recycling()
+	ev.Recycling = len(rec)
+	ev.Evictable = a.caches[0].PagesFreedByRemoving(rec)
 }
 
-// decide sets ev.Reason to the first admission predicate that fails.
-func (a *Action) decide(ev *Evaluation) {
-	ev.Reason = ev.firstFailure()
-}
-
-// hasPrefillSpace is MLC's HasPrefillSpace without a sliding window.
-func (a *Action) hasPrefillSpace(pages, batch, input int) bool {
-	c := a.caches[0]
-	return pages+batch <= c.NumAvailablePages() &&
-		c.TotalSequenceLength()+input+8*batch <= a.cfg.MaxTotalSequenceLength
-}
-
-// admit runs admission (spec 5.1) for the request at the head of the line, evicting
-// recycling sequences while HasPrefillSpace(required, running, end) fails.
-func (a *Action) admit(running int, req Request) (Evaluation, bool) {
-	c := a.caches[0]
-	if running > c.NumAvailablePages() {
-		ev := a.evaluation(running, req)
+// evaluate is admission (spec 5.1) for the request at the head of the line: the decode
+// guard, the window, then, while HasPrefillSpace(required, running, end) fails, eviction of
+// recycling sequences, then CanPrefill. The numbers are those after eviction.
+func (a *Action) evaluate(running int, req Request) Evaluation {
+	ev := a.measure(running, req)
+	switch _, err := req.ResolveEnd(); {
+	case running > ev.FreePages:
 		ev.Reason = ReasonDecodeGuard
+	case err != nil:
+		ev.Reason = ReasonWindow
+	default:
+		for !ev.hasPrefillSpace(running) && a.prefix.TryFreeMemory() {
+			evicted := ev.Evicted + 1
+			ev = a.measure(running, req)
+			ev.Evicted = evicted
+		}
+		ev.Reason = ev.firstFailure()
+	}
+	if ev.Blocked() {
 		a.explain(&ev)
-		return ev, false
 	}
-	end, err := req.ResolveEnd()
-	if err == nil {
-		required := (end + a.cfg.PageSize - 1) / a.cfg.PageSize
-		evicted := 0
-		for !a.hasPrefillSpace(required, running, end) && a.radix && a.prefix.TryFreeMemory() {
-			evicted++
-		}
-		ev := a.evaluation(running, req)
-		ev.Evicted = evicted
-		a.decide(&ev)
-		if ev.Reason != ReasonNone {
-			a.explain(&ev)
-		}
-		return ev, ev.Reason == ReasonNone
-	}
-	ev := a.evaluation(running, req)
-	ev.Reason = ReasonWindow
-	a.explain(&ev)
-	return ev, false
+	return ev
 }
 
-// body runs spec 5.3 for an admitted request.
-func (a *Action) body(req Request, ev Evaluation) Prepared {
+// reserve runs spec 5.3 for an admitted request: match, add, fork or reuse the KV sequence,
+// reserve the slots P will write, and commit the extensions earlier steps queued.
+func (a *Action) reserve(req Request, ev Evaluation) Prepared {
 	end := ev.End
 	free := a.caches[0].NumAvailablePages()
 	p := Prepared{
@@ -253,41 +202,34 @@ func (a *Action) body(req Request, ev Evaluation) Prepared {
 		Match: prefix.Result{Kind: prefix.Fresh, Parent: -1},
 	}
 	seq := a.ids.New()
-	added := false
-	// 1. Prefix match.
-	if a.radix && end > 0 {
+	// 1. Prefix match (a disabled cache answers Fresh), and 3: a sequence the prefix cache
+	// does not hold gets its KV sequence now.
+	if end > 0 {
 		res, err := a.prefix.InsertSequence(seq, req.Prompt[:end], prefix.NoWindow)
 		if err != nil {
 			panic(fmt.Sprintf("prepare: %s: insert sequence %d: %v", req.ID, seq, err))
 		}
 		p.Match = res
-		switch res.Kind {
-		case prefix.Fresh:
-			a.each(func(c *pages.Cache) error { return c.AddSequence(seq) })
-			added = true
-		case prefix.Fork:
-			a.each(func(c *pages.Cache) error { return c.ForkSequence(res.Parent, seq, res.Offset) })
-			added = true
-			if res.Offset%a.cfg.PageSize != 0 {
-				pgs, _ := a.caches[0].SequencePages(seq, nil)
-				p.CopiedPage = pgs[len(pgs)-1]
-			}
-		case prefix.Reuse:
-			a.ids.Recycle(seq)
-			seq = res.Parent
-			added = true
-			if res.Pop > 0 {
-				a.each(func(c *pages.Cache) error { return c.PopN(seq, res.Pop) })
-			}
-		}
-		p.Matched = res.Offset
 	}
-	p.Seq = seq
-	// 2. The request is alive; it is not left in the running queue (the caller's business).
-	// 3. A sequence the prefix cache does not hold gets its KV sequence now.
-	if !added {
+	switch res := p.Match; res.Kind {
+	case prefix.Fork:
+		a.each(func(c *pages.Cache) error { return c.ForkSequence(res.Parent, seq, res.Offset) })
+		if res.Offset%a.cfg.PageSize != 0 {
+			pgs, _ := a.caches[0].SequencePages(seq, nil)
+			p.CopiedPage = pgs[len(pgs)-1]
+		}
+	case prefix.Reuse:
+		a.ids.Recycle(seq)
+		seq = res.Parent
+		if res.Pop > 0 {
+			a.each(func(c *pages.Cache) error { return c.PopN(seq, res.Pop) })
+		}
+	default:
 		a.each(func(c *pages.Cache) error { return c.AddSequence(seq) })
 	}
+	p.Matched = p.Match.Offset
+	p.Seq = seq
+	// 2. The request is alive; it is not left in the running queue (the caller's business).
 	// 4. Reserve the slots P will write, per model, and compress them.
 	n := end - p.Matched
 	if n > 0 {
@@ -301,21 +243,17 @@ func (a *Action) body(req Request, ev Evaluation) Prepared {
 			}
 			p.Metadata = pages.Compress(p.Metadata, a.slots)
 		}
+		p.Extension = req.Prompt[p.Matched:end]
 	} else {
 		for range a.caches {
 			p.Metadata = append(p.Metadata, 0)
 		}
 	}
 	// 5. Commit extensions queued by earlier steps.
-	if a.radix {
-		a.prefix.CommitSequenceExtension()
-	}
+	a.prefix.CommitSequenceExtension()
 	// 6 and 7: the caller removes the request from its queue and answers.
 	p.Encoded = Encode(p.Metadata)
 	p.PagesTaken = free - a.caches[0].NumAvailablePages()
-	if n > 0 {
-		p.Extension = req.Prompt[p.Matched:end]
-	}
 	return p
 }
 

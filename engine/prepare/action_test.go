@@ -66,11 +66,38 @@ func newFixture(t *testing.T, fc fixtureConfig) *fixture {
 	f.act, err = New(Config{
 		PageSize: 16, MaxNumSequence: fc.maxNumSeq, MaxTotalSequenceLength: fc.maxTotal,
 		PrefillChunkSize: 1024, Watermark: fc.watermark, SpecFactor: 1,
-	}, f.caches, f.pc, &f.ids, !fc.disabled)
+	}, f.caches, f.pc, &f.ids)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// outcome is what one step of the action did with a queue.
+type outcome struct {
+	Admitted []Prepared
+	Blocked  *Evaluation
+}
+
+// step is one step's prepare-receive over a FIFO queue, as the engine runs it: admit from the
+// head until one request is blocked, then queue the admitted requests' prefix-cache
+// extensions (after the step, as MLC does).
+func (f *fixture) step(running int, queue []Request) outcome {
+	var out outcome
+	for _, req := range queue {
+		p, ev := f.act.Admit(running, req)
+		if ev.Blocked() {
+			out.Blocked = &ev
+			break
+		}
+		out.Admitted = append(out.Admitted, p)
+	}
+	for _, p := range out.Admitted {
+		if len(p.Extension) > 0 && f.pc.HasSequence(p.Seq) {
+			f.pc.ExtendSequence(p.Seq, p.Extension)
+		}
+	}
+	return out
 }
 
 // tokens returns n token ids: the first shared of them are 1000+i (a prefix other prompts
@@ -90,7 +117,7 @@ func tokens(n, shared, salt int) []int32 {
 // prep admits one request that must be admitted.
 func (f *fixture) prep(id string, prompt []int32, end int) Prepared {
 	f.t.Helper()
-	out := f.act.Step(0, []Request{{ID: id, Prompt: prompt, End: end, HasEnd: true}})
+	out := f.step(0, []Request{{ID: id, Prompt: prompt, End: end, HasEnd: true}})
 	if len(out.Admitted) != 1 {
 		f.t.Fatalf("prep %s: not admitted: %v", id, out.Blocked)
 	}
@@ -258,7 +285,7 @@ func TestWorkedExample8Capacity(t *testing.T) {
 	for i := range 40 {
 		queue = append(queue, Request{ID: fmt.Sprintf("r-%d", i), Prompt: tokens(40, 0, i+1), End: -1, HasEnd: true})
 	}
-	out := f.act.Step(0, queue)
+	out := f.step(0, queue)
 	if len(out.Admitted) != 37 {
 		t.Fatalf("admitted %d in one step, want 37", len(out.Admitted))
 	}
@@ -275,7 +302,7 @@ func TestWorkedExample8Capacity(t *testing.T) {
 	}
 	// With MLC's defaults, nothing is ever admitted.
 	g := newFixture(t, fixtureConfig{maxTotal: 4096})
-	out = g.act.Step(0, queue[:1])
+	out = g.step(0, queue[:1])
 	if len(out.Admitted) != 0 || out.Blocked == nil || out.Blocked.Reason != ReasonWatermark {
 		t.Errorf("MLC defaults: admitted %d, blocked %v, want none, watermark", len(out.Admitted), out.Blocked)
 	}
@@ -330,7 +357,7 @@ func TestBlockedReasons(t *testing.T) {
 	})
 	t.Run("batch", func(t *testing.T) {
 		f := newFixture(t, fixtureConfig{maxTotal: 8192})
-		out := f.act.Step(4, []Request{{ID: "x", Prompt: tokens(40, 0, 1), End: -1, HasEnd: true}})
+		out := f.step(4, []Request{{ID: "x", Prompt: tokens(40, 0, 1), End: -1, HasEnd: true}})
 		if out.Blocked == nil || out.Blocked.Reason != ReasonBatch {
 			t.Fatalf("blocked = %+v, want batch", out.Blocked)
 		}
@@ -340,7 +367,7 @@ func TestBlockedReasons(t *testing.T) {
 	})
 	t.Run("decode guard", func(t *testing.T) {
 		f := newFixture(t, fixtureConfig{maxTotal: 8192, maxNumSeq: 1024})
-		out := f.act.Step(600, []Request{{ID: "x", Prompt: tokens(40, 0, 1), End: -1, HasEnd: true}})
+		out := f.step(600, []Request{{ID: "x", Prompt: tokens(40, 0, 1), End: -1, HasEnd: true}})
 		if out.Blocked == nil || out.Blocked.Reason != ReasonDecodeGuard {
 			t.Fatalf("blocked = %+v, want decode guard", out.Blocked)
 		}
@@ -350,7 +377,7 @@ func TestBlockedReasons(t *testing.T) {
 	})
 	t.Run("window", func(t *testing.T) {
 		f := newFixture(t, fixtureConfig{maxTotal: 8192})
-		out := f.act.Step(0, []Request{{ID: "x", Prompt: tokens(40, 0, 1), End: 40, HasEnd: true}, {ID: "y", Prompt: tokens(40, 0, 2)}})
+		out := f.step(0, []Request{{ID: "x", Prompt: tokens(40, 0, 1), End: 40, HasEnd: true}, {ID: "y", Prompt: tokens(40, 0, 2)}})
 		if len(out.Admitted) != 0 || out.Blocked == nil || out.Blocked.Reason != ReasonWindow {
 			t.Fatalf("admitted %d, blocked %+v, want none, window", len(out.Admitted), out.Blocked)
 		}
@@ -363,7 +390,7 @@ func TestBlockedReasons(t *testing.T) {
 		f := newFixture(t, fixtureConfig{maxTotal: 8192, watermark: 1})
 		f.prep("a", tokens(4000, 4000, 0), -1)
 		f.prep("b", tokens(4000, 4000, 0), -1)
-		out := f.act.Step(0, []Request{{ID: "x", Prompt: tokens(200, 0, 2), End: -1, HasEnd: true}})
+		out := f.step(0, []Request{{ID: "x", Prompt: tokens(200, 0, 2), End: -1, HasEnd: true}})
 		if out.Blocked == nil || out.Blocked.Reason != ReasonPrefillTokens {
 			t.Fatalf("blocked = %+v, want prefill-tokens", out.Blocked)
 		}
@@ -381,7 +408,7 @@ func TestWatermarkStallWithIdleRecyclablePages(t *testing.T) {
 		prompt := tokens(40, 0, i+1)
 		f.finish(f.prep(fmt.Sprint("done-", i), prompt, -1), prompt, 2)
 	}
-	out := f.act.Step(0, []Request{{ID: "x", Prompt: tokens(40, 0, 99), End: -1, HasEnd: true}})
+	out := f.step(0, []Request{{ID: "x", Prompt: tokens(40, 0, 99), End: -1, HasEnd: true}})
 	if out.Blocked == nil || out.Blocked.Reason != ReasonWatermark {
 		t.Fatalf("blocked = %+v, want watermark", out.Blocked)
 	}
@@ -406,7 +433,7 @@ func TestEvictionUntilPrefillSpace(t *testing.T) {
 		seqs = append(seqs, p.Seq)
 	}
 	// Four recycling sequences of 2001 tokens hold 4 × 126 pages: 9 free, until one goes.
-	out := f.act.Step(0, []Request{{ID: "x", Prompt: tokens(1000, 0, 99), End: -1, HasEnd: true}})
+	out := f.step(0, []Request{{ID: "x", Prompt: tokens(1000, 0, 99), End: -1, HasEnd: true}})
 	if len(out.Admitted) != 1 {
 		t.Fatalf("not admitted: %+v", out.Blocked)
 	}

@@ -40,7 +40,7 @@ func BenchmarkPrepareReceive(b *testing.B) {
 	queue := []Request{{ID: "r", Prompt: prompt, End: -1, HasEnd: true}}
 	b.ReportAllocs()
 	for b.Loop() {
-		out := f.act.Step(0, queue)
+		out := f.step(0, queue)
 		f.pc.CommitSequenceExtension()
 		if len(out.Admitted) != 1 || out.Admitted[0].Matched != 1024 {
 			b.Fatalf("admitted %d, want 1 with 1024 matched", len(out.Admitted))

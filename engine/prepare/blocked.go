@@ -5,7 +5,8 @@ import (
 	"strings"
 )
 
-// Reason names the admission predicate that stopped a prepare-receive request (spec 5.2).
+// Reason names the admission predicate that stopped a prepare-receive request
+// (docs/admission.md).
 type Reason uint8
 
 // The reasons, in the order admission tests them.
@@ -15,7 +16,7 @@ const (
 	ReasonDecodeGuard
 	// ReasonHeadOfLine: an earlier prepare-receive request is blocked, and admission is FIFO.
 	ReasonHeadOfLine
-	// ReasonWindow: the window does not resolve to 0 <= end < L.
+	// ReasonWindow: the window does not resolve to 0 ≤ end < L.
 	ReasonWindow
 	// ReasonBatch: (running + 1) × spec_factor > min(max_num_sequence, prefill_chunk_size).
 	ReasonBatch
@@ -106,10 +107,10 @@ type Evaluation struct {
 	Evictable int `json:"evictable_pages"`
 }
 
-// Check is one admission predicate with its two sides: OK when LHS <= RHS.
+// Check is one admission predicate with its two sides: OK when LHS ≤ RHS.
 type Check struct {
 	Name string
-	Text string // the predicate with its numbers
+	Text string // the predicate with its numbers: "3 + 400 pages ≤ 388 free"
 	LHS  int
 	RHS  int
 }
@@ -117,48 +118,176 @@ type Check struct {
 // OK reports whether the predicate holds.
 func (c Check) OK() bool { return c.LHS <= c.RHS }
 
-// sides returns the two sides of each admission predicate, in the order of Checks.
-func (ev Evaluation) sides() [6][2]int {
-	batch := ev.Running + 1
-	return [6][2]int{
-		{ev.Running, ev.FreePages},
-		{ev.End + 1, ev.PromptLength},
-		{batch * ev.SpecFactor, min(ev.MaxNumSequence, ev.PrefillChunkSize)},
-		{ev.Required + ev.Watermark, ev.FreePages},
-		{ev.Required + batch, ev.FreePages},
-		{ev.TotalSequenceLength + ev.End + 8*batch, ev.MaxTotalSequenceLength},
-	}
+// Le is the glyph kvtop writes for "less than or equal" wherever a predicate is shown.
+const Le = "≤"
+
+// evictionNote is what a blocked reason says about the recycling sequences eviction could
+// still free.
+type evictionNote uint8
+
+const (
+	// noteNone: eviction cannot change the predicate; say nothing.
+	noteNone evictionNote = iota
+	// noteNotTriggered: eviction would help, but this predicate never triggers it.
+	noteNotTriggered
+	// noteHolds: say what the recycling sequences hold.
+	noteHolds
+)
+
+// predicate is one admission test, which holds when lhs ≤ rhs. Every place that tests,
+// lists or explains admission reads this table: the first failure, the checks with their
+// numbers, the short and the long texts, and HasPrefillSpace.
+type predicate struct {
+	reason Reason
+	// sides returns the two sides for a batch of batch requests (the running ones, plus the
+	// one being admitted when admission proper tests it).
+	sides func(ev *Evaluation, batch int) (lhs, rhs int)
+	// check writes the predicate with its numbers, as it holds: "3 + 400 pages ≤ 388 free".
+	check func(ev *Evaluation, batch int) string
+	// short says in a few words how it fails, for a table cell: "watermark 403 > 388 free".
+	short func(ev *Evaluation, lhs, rhs int) string
+	// long explains the failure in a sentence: "watermark: needs 3 + 400 pages, 388 free".
+	long func(b *strings.Builder, ev *Evaluation, batch int)
+	// prefillSpace marks the two halves of MLC's HasPrefillSpace, which the eviction loop
+	// tests with the running batch alone.
+	prefillSpace bool
+	note         evictionNote
 }
 
-// checkReasons are the reasons of the predicates of sides, in order.
-var checkReasons = [6]Reason{ReasonDecodeGuard, ReasonWindow, ReasonBatch, ReasonWatermark, ReasonPrefillPages, ReasonPrefillTokens}
+// predicates are the admission tests in the order admission runs them (head-of-line is not
+// one: it is the verdict on everyone behind a blocked head).
+var predicates = [...]predicate{
+	{
+		reason: ReasonDecodeGuard,
+		sides:  func(ev *Evaluation, _ int) (int, int) { return ev.Running, ev.FreePages },
+		check: func(ev *Evaluation, _ int) string {
+			return fmt.Sprintf("%d running %s %d free pages", ev.Running, Le, ev.FreePages)
+		},
+		short: func(_ *Evaluation, l, r int) string { return fmt.Sprintf("decode guard %d > %d free", l, r) },
+		long: func(b *strings.Builder, ev *Evaluation, _ int) {
+			fmt.Fprintf(b, "decode guard: %d running > %d free pages", ev.Running, ev.FreePages)
+		},
+		note: noteNotTriggered,
+	},
+	{
+		reason: ReasonWindow,
+		sides:  func(ev *Evaluation, _ int) (int, int) { return ev.End + 1, ev.PromptLength },
+		check: func(ev *Evaluation, _ int) string {
+			return fmt.Sprintf("end %d < prompt %d", ev.End, ev.PromptLength)
+		},
+		short: func(ev *Evaluation, _, _ int) string {
+			return fmt.Sprintf("window end %d ≥ %d", ev.End, ev.PromptLength)
+		},
+		long: func(b *strings.Builder, ev *Evaluation, _ int) {
+			fmt.Fprintf(b, "window: end %d must be < prompt %d", ev.End, ev.PromptLength)
+		},
+	},
+	{
+		reason: ReasonBatch,
+		sides: func(ev *Evaluation, batch int) (int, int) {
+			return batch * ev.SpecFactor, min(ev.MaxNumSequence, ev.PrefillChunkSize)
+		},
+		check: func(ev *Evaluation, _ int) string {
+			return fmt.Sprintf("(%d running + 1) × %d %s min(max_num_sequence %d, prefill_chunk %d)",
+				ev.Running, ev.SpecFactor, Le, ev.MaxNumSequence, ev.PrefillChunkSize)
+		},
+		short: func(_ *Evaluation, l, r int) string { return fmt.Sprintf("batch %d > %d", l, r) },
+		long: func(b *strings.Builder, ev *Evaluation, _ int) {
+			fmt.Fprintf(b, "batch: %d running + 1", ev.Running)
+			if ev.SpecFactor > 1 {
+				fmt.Fprintf(b, " (× spec factor %d)", ev.SpecFactor)
+			}
+			fmt.Fprintf(b, " > min(max_num_sequence %d, prefill_chunk %d)", ev.MaxNumSequence, ev.PrefillChunkSize)
+		},
+	},
+	{
+		reason: ReasonWatermark,
+		sides:  func(ev *Evaluation, _ int) (int, int) { return ev.Required + ev.Watermark, ev.FreePages },
+		check: func(ev *Evaluation, _ int) string {
+			return fmt.Sprintf("%d + %d pages %s %d free", ev.Required, ev.Watermark, Le, ev.FreePages)
+		},
+		short: func(_ *Evaluation, l, r int) string { return fmt.Sprintf("watermark %d > %d free", l, r) },
+		long: func(b *strings.Builder, ev *Evaluation, _ int) {
+			fmt.Fprintf(b, "watermark: needs %d + %d pages, %d free", ev.Required, ev.Watermark, ev.FreePages)
+		},
+		note: noteNotTriggered,
+	},
+	{
+		reason: ReasonPrefillPages,
+		sides:  func(ev *Evaluation, batch int) (int, int) { return ev.Required + batch, ev.FreePages },
+		check: func(ev *Evaluation, batch int) string {
+			return fmt.Sprintf("%d + %d pages %s %d free", ev.Required, batch, Le, ev.FreePages)
+		},
+		short: func(_ *Evaluation, l, r int) string { return fmt.Sprintf("pages %d > %d free", l, r) },
+		long: func(b *strings.Builder, ev *Evaluation, batch int) {
+			fmt.Fprintf(b, "prefill space: needs %d + %d pages, %d free", ev.Required, batch, ev.FreePages)
+		},
+		prefillSpace: true,
+		note:         noteHolds,
+	},
+	{
+		reason: ReasonPrefillTokens,
+		sides: func(ev *Evaluation, batch int) (int, int) {
+			return ev.TotalSequenceLength + ev.End + 8*batch, ev.MaxTotalSequenceLength
+		},
+		check: func(ev *Evaluation, batch int) string {
+			return fmt.Sprintf("%d + %d + 8 × %d tokens %s %d", ev.TotalSequenceLength, ev.End, batch, Le, ev.MaxTotalSequenceLength)
+		},
+		short: func(_ *Evaluation, l, r int) string { return fmt.Sprintf("tokens %d > %d", l, r) },
+		long: func(b *strings.Builder, ev *Evaluation, batch int) {
+			fmt.Fprintf(b, "prefill space: %d + %d + 8 × %d tokens > max_total_sequence_length %d",
+				ev.TotalSequenceLength, ev.End, batch, ev.MaxTotalSequenceLength)
+		},
+		prefillSpace: true,
+		note:         noteHolds,
+	},
+}
+
+// predicateOf returns the table entry of a reason, or nil for head-of-line and none.
+func predicateOf(r Reason) *predicate {
+	for i := range predicates {
+		if predicates[i].reason == r {
+			return &predicates[i]
+		}
+	}
+	return nil
+}
+
+// batch is the batch admission proper tests: the running requests and this one.
+func (ev *Evaluation) batch() int { return ev.Running + 1 }
 
 // firstFailure returns the reason of the first predicate that fails, or ReasonNone.
-func (ev Evaluation) firstFailure() Reason {
-	for i, s := range ev.sides() {
-		if s[0] > s[1] {
-			return checkReasons[i]
+func (ev *Evaluation) firstFailure() Reason {
+	for i := range predicates {
+		if l, r := predicates[i].sides(ev, ev.batch()); l > r {
+			return predicates[i].reason
 		}
 	}
 	return ReasonNone
+}
+
+// hasPrefillSpace is MLC's HasPrefillSpace (without a sliding window) on the evaluation's
+// numbers, for a batch of batch requests.
+func (ev *Evaluation) hasPrefillSpace(batch int) bool {
+	for i := range predicates {
+		if p := &predicates[i]; p.prefillSpace {
+			if l, r := p.sides(ev, batch); l > r {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // Checks returns the admission predicates in the order admission tests them, with the
 // evaluation's numbers. For a head-of-line request they are its own numbers, as if it were
 // first.
 func (ev Evaluation) Checks() []Check {
-	batch := ev.Running + 1
-	texts := [6]string{
-		fmt.Sprintf("%d running <= %d free pages", ev.Running, ev.FreePages),
-		fmt.Sprintf("end %d < prompt %d", ev.End, ev.PromptLength),
-		fmt.Sprintf("(%d running + 1) × %d <= min(max_num_sequence %d, prefill_chunk %d)", ev.Running, ev.SpecFactor, ev.MaxNumSequence, ev.PrefillChunkSize),
-		fmt.Sprintf("%d + %d pages <= %d free", ev.Required, ev.Watermark, ev.FreePages),
-		fmt.Sprintf("%d + %d pages <= %d free", ev.Required, batch, ev.FreePages),
-		fmt.Sprintf("%d + %d + 8 × %d tokens <= %d", ev.TotalSequenceLength, ev.End, batch, ev.MaxTotalSequenceLength),
-	}
-	out := make([]Check, 0, len(texts))
-	for i, s := range ev.sides() {
-		out = append(out, Check{Name: checkReasons[i].String(), Text: texts[i], LHS: s[0], RHS: s[1]})
+	out := make([]Check, 0, len(predicates))
+	for i := range predicates {
+		p := &predicates[i]
+		l, r := p.sides(&ev, ev.batch())
+		out = append(out, Check{Name: p.reason.String(), Text: p.check(&ev, ev.batch()), LHS: l, RHS: r})
 	}
 	return out
 }
@@ -168,84 +297,46 @@ func (ev Evaluation) Blocked() bool { return ev.Reason != ReasonNone }
 
 // Short is the reason in a few words, for a table cell: "watermark 403 > 388 free".
 func (ev Evaluation) Short() string {
-	batch := ev.Running + 1
 	switch ev.Reason {
 	case ReasonNone:
 		return ""
-	case ReasonDecodeGuard:
-		return fmt.Sprintf("decode guard %d > %d free", ev.Running, ev.FreePages)
 	case ReasonHeadOfLine:
 		return "behind " + ev.Behind
-	case ReasonWindow:
-		return fmt.Sprintf("window end %d >= %d", ev.End, ev.PromptLength)
-	case ReasonBatch:
-		return fmt.Sprintf("batch %d > %d", batch*ev.SpecFactor, min(ev.MaxNumSequence, ev.PrefillChunkSize))
-	case ReasonWatermark:
-		return fmt.Sprintf("watermark %d > %d free", ev.Required+ev.Watermark, ev.FreePages)
-	case ReasonPrefillPages:
-		return fmt.Sprintf("pages %d > %d free", ev.Required+batch, ev.FreePages)
-	case ReasonPrefillTokens:
-		return fmt.Sprintf("tokens %d > %d", ev.TotalSequenceLength+ev.End+8*batch, ev.MaxTotalSequenceLength)
+	}
+	if p := predicateOf(ev.Reason); p != nil {
+		l, r := p.sides(&ev, ev.batch())
+		return p.short(&ev, l, r)
 	}
 	return ev.Reason.String()
 }
 
-// String explains the reason with its numbers, in the words of spec 5.2, and says what
-// eviction could still free.
+// String explains the reason with its numbers and says what eviction could still free.
 func (ev Evaluation) String() string {
-	batch := ev.Running + 1
-	var b strings.Builder
 	switch ev.Reason {
 	case ReasonNone:
 		return "admitted"
-	case ReasonDecodeGuard:
-		fmt.Fprintf(&b, "decode guard: %d running > %d free pages", ev.Running, ev.FreePages)
 	case ReasonHeadOfLine:
-		fmt.Fprintf(&b, "head-of-line: behind %s", ev.Behind)
-	case ReasonWindow:
-		fmt.Fprintf(&b, "window: end %d must be < prompt %d", ev.End, ev.PromptLength)
-	case ReasonBatch:
-		fmt.Fprintf(&b, "batch: %d running + 1", ev.Running)
-		if ev.SpecFactor > 1 {
-			fmt.Fprintf(&b, " (× spec factor %d)", ev.SpecFactor)
-		}
-		fmt.Fprintf(&b, " > min(max_num_sequence %d, prefill_chunk %d)", ev.MaxNumSequence, ev.PrefillChunkSize)
-	case ReasonWatermark:
-		fmt.Fprintf(&b, "watermark: needs %d + %d pages, %d free", ev.Required, ev.Watermark, ev.FreePages)
-		if ev.TotalPages > 0 && ev.Required+ev.Watermark > ev.TotalPages {
-			fmt.Fprintf(&b, "; the whole cache has %d pages, so this request can never be admitted (raise max_total_sequence_length or lower the watermark)", ev.TotalPages)
-			return b.String()
-		}
-	case ReasonPrefillPages:
-		fmt.Fprintf(&b, "prefill space: needs %d + %d pages, %d free", ev.Required, batch, ev.FreePages)
-	case ReasonPrefillTokens:
-		fmt.Fprintf(&b, "prefill space: %d + %d + 8 × %d tokens > max_total_sequence_length %d",
-			ev.TotalSequenceLength, ev.End, batch, ev.MaxTotalSequenceLength)
+		return "head-of-line: behind " + ev.Behind
 	}
-	switch ev.Reason {
-	case ReasonHeadOfLine, ReasonBatch, ReasonWindow:
-		// Eviction cannot change these.
-	case ReasonWatermark, ReasonDecodeGuard:
-		if ev.Recycling > 0 {
-			fmt.Fprintf(&b, "; %d recycling sequences hold %d evictable pages, but the %s does not trigger eviction",
-				ev.Recycling, ev.Evictable, ev.Reason.prose())
-		} else {
-			b.WriteString("; nothing is recycling, eviction cannot help")
-		}
+	p := predicateOf(ev.Reason)
+	if p == nil {
+		return ev.Reason.String()
+	}
+	var b strings.Builder
+	p.long(&b, &ev, ev.batch())
+	if ev.Reason == ReasonWatermark && ev.TotalPages > 0 && ev.Required+ev.Watermark > ev.TotalPages {
+		fmt.Fprintf(&b, "; the whole cache has %d pages, so this request can never be admitted (raise max_total_sequence_length or lower the watermark)", ev.TotalPages)
+		return b.String()
+	}
+	switch {
+	case p.note == noteNone:
+	case ev.Recycling == 0:
+		b.WriteString("; nothing is recycling, eviction cannot help")
+	case p.note == noteNotTriggered:
+		fmt.Fprintf(&b, "; %d recycling sequences hold %d evictable pages, but the %s does not trigger eviction",
+			ev.Recycling, ev.Evictable, strings.ReplaceAll(ev.Reason.String(), "-", " "))
 	default:
-		if ev.Recycling > 0 {
-			fmt.Fprintf(&b, "; %d recycling sequences hold %d evictable pages", ev.Recycling, ev.Evictable)
-		} else {
-			b.WriteString("; nothing is recycling, eviction cannot help")
-		}
+		fmt.Fprintf(&b, "; %d recycling sequences hold %d evictable pages", ev.Recycling, ev.Evictable)
 	}
 	return b.String()
-}
-
-// prose names a reason in a sentence.
-func (r Reason) prose() string {
-	if r == ReasonDecodeGuard {
-		return "decode guard"
-	}
-	return r.String()
 }

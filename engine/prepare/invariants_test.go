@@ -47,7 +47,7 @@ func TestInvariantsUnderRandomTraffic(t *testing.T) {
 			}
 			free := f.free()
 			running := r.IntN(3)
-			out := f.act.Step(running, queue)
+			out := f.step(running, queue)
 			taken := 0
 			for i, p := range out.Admitted {
 				if p.Request != queue[i].ID {
