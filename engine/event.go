@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"reflect"
 	"strings"
 
 	"github.com/kvtop/kvtop/engine/pages"
@@ -14,8 +15,6 @@ import (
 // engine; applying them in order to a View built from a Snapshot gives the engine's next
 // Snapshot.
 type Event interface {
-	// Kind returns the event's stable name, as used on the wire ("request_arrived").
-	Kind() string
 	// String describes the event in one line, deterministically.
 	String() string
 	// When returns when the event happened.
@@ -295,175 +294,135 @@ func (a *Action) UnmarshalText(b []byte) error {
 	return fmt.Errorf("engine: unknown action %q", b)
 }
 
-func (e RequestArrived) Kind() string  { return "request_arrived" }
-func (e PrepareBlocked) Kind() string  { return "prepare_blocked" }
-func (e PrepareAdmitted) Kind() string { return "prepare_admitted" }
-func (e PrefixMatched) Kind() string   { return "prefix_matched" }
-func (e SeqAdded) Kind() string        { return "seq_added" }
-func (e SeqForked) Kind() string       { return "seq_forked" }
-func (e SeqPopped) Kind() string       { return "seq_popped" }
-func (e PagesReserved) Kind() string   { return "pages_reserved" }
-func (e SeqRemoved) Kind() string      { return "seq_removed" }
-func (e SeqRecycled) Kind() string     { return "seq_recycled" }
-func (e SeqEvicted) Kind() string      { return "seq_evicted" }
-func (e MetadataEmitted) Kind() string { return "metadata_emitted" }
-func (e KVReceived) Kind() string      { return "kv_received" }
-func (e RequestStarted) Kind() string  { return "request_started" }
-func (e Prefilled) Kind() string       { return "prefilled" }
-func (e Decoded) Kind() string         { return "decoded" }
-func (e RequestFinished) Kind() string { return "request_finished" }
-func (e RequestAborted) Kind() string  { return "request_aborted" }
-func (e RequestRetired) Kind() string  { return "request_retired" }
-func (e PrefixChanged) Kind() string   { return "prefix_changed" }
-func (e HazardDetected) Kind() string  { return "hazard_detected" }
-func (e StepCompleted) Kind() string   { return "step_completed" }
+// The event registry: every kind of event, once, with its stable name (as used on the wire),
+// the request it concerns, and how it shows on that request's timeline. Kind names,
+// decoding, the list of kinds and the timelines all read it.
+var registry = [...]kindInfo{
+	kind("request_arrived", func(e RequestArrived) string { return e.ID }, onTimeline),
+	kind("prepare_blocked", func(e PrepareBlocked) string { return e.ID }, coalesced),
+	kind("prepare_admitted", func(e PrepareAdmitted) string { return e.ID }, onTimeline),
+	kind("prefix_matched", func(e PrefixMatched) string { return e.ID }, onTimeline),
+	kind("seq_added", func(e SeqAdded) string { return e.ID }, offTimeline),
+	kind("seq_forked", func(e SeqForked) string { return e.ID }, offTimeline),
+	kind[SeqPopped]("seq_popped", nil, offTimeline),
+	kind("pages_reserved", func(e PagesReserved) string { return e.ID }, offTimeline),
+	kind[SeqRemoved]("seq_removed", nil, offTimeline),
+	kind("seq_recycled", func(e SeqRecycled) string { return e.ID }, offTimeline),
+	kind[SeqEvicted]("seq_evicted", nil, offTimeline),
+	kind("metadata_emitted", func(e MetadataEmitted) string { return e.ID }, onTimeline),
+	kind("kv_received", func(e KVReceived) string { return e.ID }, coalesced),
+	kind("request_started", func(e RequestStarted) string { return e.ID }, onTimeline),
+	kind("prefilled", func(e Prefilled) string { return e.ID }, coalesced),
+	kind[Decoded]("decoded", nil, offTimeline),
+	kind("request_finished", func(e RequestFinished) string { return e.ID }, onTimeline),
+	kind("request_aborted", func(e RequestAborted) string { return e.ID }, onTimeline),
+	kind("request_retired", func(e RequestRetired) string { return e.ID }, offTimeline),
+	kind[PrefixChanged]("prefix_changed", nil, offTimeline),
+	kind("hazard_detected", func(e HazardDetected) string { return e.Hazard.ID }, onTimeline),
+	kind[StepCompleted]("step_completed", nil, offTimeline),
+}
+
+// timeline says whether an event of a kind goes on its request's timeline.
+type timeline uint8
+
+const (
+	offTimeline timeline = iota // page operations, retirement: not a person's concern
+	onTimeline
+	coalesced // on it, a run of marks of the kind kept as the last one (KV writes, progress)
+)
+
+// kindInfo is one row of the registry.
+type kindInfo struct {
+	name     string
+	typ      reflect.Type
+	request  func(Event) (string, bool)
+	timeline timeline
+	newPtr   func() Event
+	deref    func(Event) (Event, bool)
+}
+
+// kind makes the registry row of event type T. request, when not nil, names the request an
+// event of the kind concerns.
+func kind[T Event](name string, request func(T) string, tl timeline) kindInfo {
+	k := kindInfo{
+		name:     name,
+		typ:      reflect.TypeFor[T](),
+		timeline: tl,
+		request:  func(Event) (string, bool) { return "", false },
+		newPtr:   func() Event { return any(new(T)).(Event) },
+		deref: func(ev Event) (Event, bool) {
+			p, ok := any(ev).(*T)
+			if !ok {
+				return nil, false
+			}
+			return *p, true
+		},
+	}
+	if request != nil {
+		k.request = func(ev Event) (string, bool) { return request(ev.(T)), true }
+	}
+	return k
+}
+
+var (
+	kindByName = map[string]*kindInfo{}
+	kindByType = map[reflect.Type]*kindInfo{}
+)
+
+func init() {
+	for i := range registry {
+		k := &registry[i]
+		kindByName[k.name] = k
+		kindByType[k.typ] = k
+		kindByType[reflect.PointerTo(k.typ)] = k
+	}
+}
+
+func infoOf(ev Event) *kindInfo { return kindByType[reflect.TypeOf(ev)] }
+
+// KindOf returns an event's stable name, as used on the wire ("request_arrived"); a pointer
+// made by NewEvent has its value's kind.
+func KindOf(ev Event) string {
+	if k := infoOf(ev); k != nil {
+		return k.name
+	}
+	return fmt.Sprintf("%T", ev)
+}
 
 // EventKinds lists every event kind, for decoders and metrics.
 func EventKinds() []string {
-	return []string{"request_arrived", "prepare_blocked", "prepare_admitted", "prefix_matched",
-		"seq_added", "seq_forked", "seq_popped", "pages_reserved", "seq_removed", "seq_recycled",
-		"seq_evicted", "metadata_emitted", "kv_received", "request_started", "prefilled", "decoded",
-		"request_finished", "request_aborted", "request_retired", "prefix_changed",
-		"hazard_detected", "step_completed"}
+	out := make([]string, len(registry))
+	for i := range registry {
+		out[i] = registry[i].name
+	}
+	return out
 }
 
 // RequestOf returns the request an event concerns, if it concerns one.
 func RequestOf(ev Event) (string, bool) {
-	switch e := ev.(type) {
-	case RequestArrived:
-		return e.ID, true
-	case PrepareBlocked:
-		return e.ID, true
-	case PrepareAdmitted:
-		return e.ID, true
-	case PrefixMatched:
-		return e.ID, true
-	case SeqAdded:
-		return e.ID, true
-	case SeqForked:
-		return e.ID, true
-	case PagesReserved:
-		return e.ID, true
-	case SeqRecycled:
-		return e.ID, true
-	case MetadataEmitted:
-		return e.ID, true
-	case KVReceived:
-		return e.ID, true
-	case RequestStarted:
-		return e.ID, true
-	case Prefilled:
-		return e.ID, true
-	case RequestFinished:
-		return e.ID, true
-	case RequestAborted:
-		return e.ID, true
-	case RequestRetired:
-		return e.ID, true
-	case HazardDetected:
-		return e.Hazard.ID, true
+	if k := infoOf(ev); k != nil {
+		return k.request(ev)
 	}
 	return "", false
 }
 
-// NewEvent returns a zero event of the given kind, for decoders.
+// NewEvent returns a pointer to a zero event of the given kind, for decoders; Deref returns
+// the event value behind it.
 func NewEvent(kind string) (Event, bool) {
-	switch kind {
-	case "request_arrived":
-		return &RequestArrived{}, true
-	case "prepare_blocked":
-		return &PrepareBlocked{}, true
-	case "prepare_admitted":
-		return &PrepareAdmitted{}, true
-	case "prefix_matched":
-		return &PrefixMatched{}, true
-	case "seq_added":
-		return &SeqAdded{}, true
-	case "seq_forked":
-		return &SeqForked{}, true
-	case "seq_popped":
-		return &SeqPopped{}, true
-	case "pages_reserved":
-		return &PagesReserved{}, true
-	case "seq_removed":
-		return &SeqRemoved{}, true
-	case "seq_recycled":
-		return &SeqRecycled{}, true
-	case "seq_evicted":
-		return &SeqEvicted{}, true
-	case "metadata_emitted":
-		return &MetadataEmitted{}, true
-	case "kv_received":
-		return &KVReceived{}, true
-	case "request_started":
-		return &RequestStarted{}, true
-	case "prefilled":
-		return &Prefilled{}, true
-	case "decoded":
-		return &Decoded{}, true
-	case "request_finished":
-		return &RequestFinished{}, true
-	case "request_aborted":
-		return &RequestAborted{}, true
-	case "request_retired":
-		return &RequestRetired{}, true
-	case "prefix_changed":
-		return &PrefixChanged{}, true
-	case "hazard_detected":
-		return &HazardDetected{}, true
-	case "step_completed":
-		return &StepCompleted{}, true
+	k := kindByName[kind]
+	if k == nil {
+		return nil, false
 	}
-	return nil, false
+	return k.newPtr(), true
 }
 
-// Deref returns the event value behind a pointer made by NewEvent.
+// Deref returns the event value behind a pointer made by NewEvent, and any other event as it
+// is.
 func Deref(ev Event) Event {
-	switch e := ev.(type) {
-	case *RequestArrived:
-		return *e
-	case *PrepareBlocked:
-		return *e
-	case *PrepareAdmitted:
-		return *e
-	case *PrefixMatched:
-		return *e
-	case *SeqAdded:
-		return *e
-	case *SeqForked:
-		return *e
-	case *SeqPopped:
-		return *e
-	case *PagesReserved:
-		return *e
-	case *SeqRemoved:
-		return *e
-	case *SeqRecycled:
-		return *e
-	case *SeqEvicted:
-		return *e
-	case *MetadataEmitted:
-		return *e
-	case *KVReceived:
-		return *e
-	case *RequestStarted:
-		return *e
-	case *Prefilled:
-		return *e
-	case *Decoded:
-		return *e
-	case *RequestFinished:
-		return *e
-	case *RequestAborted:
-		return *e
-	case *RequestRetired:
-		return *e
-	case *PrefixChanged:
-		return *e
-	case *HazardDetected:
-		return *e
-	case *StepCompleted:
-		return *e
+	if k := infoOf(ev); k != nil {
+		if v, ok := k.deref(ev); ok {
+			return v
+		}
 	}
 	return ev
 }

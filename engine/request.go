@@ -153,17 +153,15 @@ func addMark(h []Mark, m Mark, coalesce bool) []Mark {
 }
 
 // markOf returns the request an event belongs on the timeline of, and whether it replaces a
-// previous mark of its kind. Both the engine and View use it, so their timelines agree. The
-// page operations and retirement stay off timelines.
+// previous mark of its kind (the registry says which kinds go on timelines, and how). Both
+// the engine and View use it, so their timelines agree.
 func markOf(ev Event) (id string, coalesce, ok bool) {
-	switch ev.(type) {
-	case SeqAdded, SeqForked, PagesReserved, SeqRecycled, RequestRetired:
+	k := infoOf(ev)
+	if k == nil || k.timeline == offTimeline {
 		return "", false, false
-	case PrepareBlocked, KVReceived, Prefilled:
-		coalesce = true
 	}
-	id, ok = RequestOf(ev)
-	return id, coalesce, ok
+	id, ok = k.request(ev)
+	return id, k.timeline == coalesced, ok
 }
 
 // blockedKinds are the mark kinds of blocked evaluations, one per reason, so that blocked
@@ -180,7 +178,7 @@ func markKind(ev Event) string {
 	if b, ok := ev.(PrepareBlocked); ok && int(b.Eval.Reason) < len(blockedKinds) {
 		return blockedKinds[b.Eval.Reason]
 	}
-	return ev.Kind()
+	return KindOf(ev)
 }
 
 // kvProgress tracks which reserved slots of a prepared request have been written.

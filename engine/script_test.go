@@ -274,11 +274,11 @@ func (h *scriptHarness) applyAll(d *datadriven.TestData, evs []Event) {
 		// Events travel to viewers as JSON: apply them after a round trip.
 		b, err := json.Marshal(ev)
 		if err != nil {
-			h.t.Fatalf("marshal %s: %v", ev.Kind(), err)
+			h.t.Fatalf("marshal %s: %v", KindOf(ev), err)
 		}
-		back, _ := NewEvent(ev.Kind())
+		back, _ := NewEvent(KindOf(ev))
 		if err := json.Unmarshal(b, back); err != nil {
-			h.t.Fatalf("unmarshal %s: %v", ev.Kind(), err)
+			h.t.Fatalf("unmarshal %s: %v", KindOf(ev), err)
 		}
 		if err := h.view.Apply(Deref(back)); err != nil {
 			h.t.Fatalf("View.Apply(%s): %v", ev, err)

@@ -421,7 +421,7 @@ func (v *View) prefixNodes() []prefix.Node {
 // events): the view is then unreliable and the viewer must start again from a snapshot.
 func (v *View) Apply(ev Event) error {
 	if err := v.apply(ev); err != nil {
-		return fmt.Errorf("%w: %s: %v", ErrDiverged, ev.Kind(), err)
+		return fmt.Errorf("%w: %s: %v", ErrDiverged, KindOf(ev), err)
 	}
 	v.stamp = ev.When()
 	v.version++

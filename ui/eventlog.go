@@ -66,5 +66,5 @@ func (l *eventLog) clone() *eventLog {
 
 // describe is an event's log line: its step, its kind and the engine's own text.
 func describe(ev engine.Event) string {
-	return fmt.Sprintf("%6d  %-16s %s", ev.When().Step, ev.Kind(), ev.String())
+	return fmt.Sprintf("%6d  %-16s %s", ev.When().Step, engine.KindOf(ev), ev.String())
 }

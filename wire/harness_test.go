@@ -268,7 +268,7 @@ func (v *viewer) apply(t *testing.T, u engine.Update) {
 	}
 	for _, ev := range u.Events {
 		if v.view == nil {
-			t.Fatalf("event %s before any snapshot", ev.Kind())
+			t.Fatalf("event %s before any snapshot", engine.KindOf(ev))
 		}
 		if err := v.view.Apply(ev); err != nil {
 			t.Fatalf("Apply(%s): %v", ev, err)

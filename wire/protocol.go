@@ -283,14 +283,14 @@ func (e *eventEncoder) event(buf *bytes.Buffer, ev engine.Event) error {
 	}
 	e.scratch.Reset()
 	if err := e.enc.Encode(ev); err != nil {
-		return fmt.Errorf("wire: encode %s event: %w", ev.Kind(), err)
+		return fmt.Errorf("wire: encode %s event: %w", engine.KindOf(ev), err)
 	}
 	body := bytes.TrimRight(e.scratch.Bytes(), "\n")
 	if len(body) < 2 || body[0] != '{' {
-		return fmt.Errorf("wire: encode %s event: not a JSON object", ev.Kind())
+		return fmt.Errorf("wire: encode %s event: not a JSON object", engine.KindOf(ev))
 	}
 	buf.WriteString(`{"kind":"`)
-	buf.WriteString(ev.Kind())
+	buf.WriteString(engine.KindOf(ev))
 	buf.WriteByte('"')
 	if len(body) > 2 { // not {}
 		buf.WriteByte(',')
