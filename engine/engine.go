@@ -65,6 +65,8 @@ type Engine struct {
 	tokens   []Token
 	extQueue []*request // prompt extensions to queue after the step
 	scratch  []int64
+
+	statusScratch []RequestStatus
 }
 
 // Totals are the engine's counters since it started.
@@ -472,7 +474,7 @@ func (e *Engine) Step(now time.Time) Ready {
 	e.totals.Steps++
 	e.totals.Actions[sc.Action]++
 	sc.Stamp = e.mark()
-	sc.Counts = e.counts()
+	sc.Counts, e.statusScratch = counts(engineSource{e}, e.statusScratch)
 	e.last = sc
 	e.emit(sc)
 	rd := Ready{Step: e.step, Now: e.now, Action: sc.Action, Events: e.out, Tokens: e.tokens}
@@ -949,36 +951,6 @@ func (e *Engine) flushPrefix() {
 	e.emit(PrefixChanged{Stamp: e.mark(), Upserts: up, Removed: rm, Stats: e.prefix.Stats()})
 }
 
-func (e *Engine) counts() Counts {
-	c := Counts{
-		FreePages:   e.caches[0].NumAvailablePages(),
-		TotalSeqLen: e.caches[0].TotalSequenceLength(),
-		Recycling:   e.prefix.NumRecycling(),
-	}
-	for _, r := range e.waiting {
-		if r.state == StateWaiting {
-			c.Waiting++
-		}
-	}
-	if h := e.headPrep(); h != nil && h.eval != nil {
-		c.Blocked = c.Waiting
-	}
-	for _, r := range e.prepared {
-		c.Prepared++
-		if r.state == StatePrepared {
-			c.AwaitingKV++
-		}
-	}
-	for _, r := range e.running {
-		if r.pending > 0 {
-			c.Prefilling++
-		} else {
-			c.Running++
-		}
-	}
-	return c
-}
-
 func remove[T comparable](s []T, v T) []T {
 	if i := slices.Index(s, v); i >= 0 {
 		return slices.Delete(s, i, i+1)
@@ -1048,6 +1020,14 @@ func (e *Engine) Check() error {
 	for _, r := range e.running {
 		if r.state != StateRunning {
 			return fmt.Errorf("%s is in the running queue but %s", r.id, r.state)
+		}
+	}
+	for _, r := range e.order {
+		if r.state == StateWaiting {
+			if r != e.headPrep() {
+				return fmt.Errorf("%s is the first waiting request of the table but %v heads the line", r.id, e.headPrep())
+			}
+			break
 		}
 	}
 	for page, r := range e.pageKV {

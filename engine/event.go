@@ -295,61 +295,68 @@ func (a *Action) UnmarshalText(b []byte) error {
 }
 
 // The event registry: every kind of event, once, with its stable name (as used on the wire),
-// the request it concerns, and how it shows on that request's timeline. Kind names,
-// decoding, the list of kinds and the timelines all read it.
+// the request it concerns, how it shows on that request's timeline and whether it can change
+// the page map. Kind names, decoding, the list of kinds, the timelines and the page map's
+// cache all read it.
 var registry = [...]kindInfo{
 	kind("request_arrived", func(e RequestArrived) string { return e.ID }, onTimeline),
 	kind("prepare_blocked", func(e PrepareBlocked) string { return e.ID }, coalesced),
-	kind("prepare_admitted", func(e PrepareAdmitted) string { return e.ID }, onTimeline),
-	kind("prefix_matched", func(e PrefixMatched) string { return e.ID }, onTimeline),
-	kind("seq_added", func(e SeqAdded) string { return e.ID }, offTimeline),
-	kind("seq_forked", func(e SeqForked) string { return e.ID }, offTimeline),
-	kind[SeqPopped]("seq_popped", nil, offTimeline),
-	kind("pages_reserved", func(e PagesReserved) string { return e.ID }, offTimeline),
-	kind[SeqRemoved]("seq_removed", nil, offTimeline),
-	kind("seq_recycled", func(e SeqRecycled) string { return e.ID }, offTimeline),
-	kind[SeqEvicted]("seq_evicted", nil, offTimeline),
-	kind("metadata_emitted", func(e MetadataEmitted) string { return e.ID }, onTimeline),
-	kind("kv_received", func(e KVReceived) string { return e.ID }, coalesced),
-	kind("request_started", func(e RequestStarted) string { return e.ID }, onTimeline),
+	kind("prepare_admitted", func(e PrepareAdmitted) string { return e.ID }, onTimeline|movesPages),
+	kind("prefix_matched", func(e PrefixMatched) string { return e.ID }, onTimeline|movesPages),
+	kind("seq_added", func(e SeqAdded) string { return e.ID }, movesPages),
+	kind("seq_forked", func(e SeqForked) string { return e.ID }, movesPages),
+	kind[SeqPopped]("seq_popped", nil, movesPages),
+	kind("pages_reserved", func(e PagesReserved) string { return e.ID }, movesPages),
+	kind[SeqRemoved]("seq_removed", nil, movesPages),
+	kind("seq_recycled", func(e SeqRecycled) string { return e.ID }, movesPages),
+	kind[SeqEvicted]("seq_evicted", nil, movesPages),
+	kind("metadata_emitted", func(e MetadataEmitted) string { return e.ID }, onTimeline|movesPages),
+	kind("kv_received", func(e KVReceived) string { return e.ID }, coalesced|movesPages),
+	kind("request_started", func(e RequestStarted) string { return e.ID }, onTimeline|movesPages),
 	kind("prefilled", func(e Prefilled) string { return e.ID }, coalesced),
-	kind[Decoded]("decoded", nil, offTimeline),
-	kind("request_finished", func(e RequestFinished) string { return e.ID }, onTimeline),
-	kind("request_aborted", func(e RequestAborted) string { return e.ID }, onTimeline),
-	kind("request_retired", func(e RequestRetired) string { return e.ID }, offTimeline),
-	kind[PrefixChanged]("prefix_changed", nil, offTimeline),
+	kind[Decoded]("decoded", nil, movesPages),
+	kind("request_finished", func(e RequestFinished) string { return e.ID }, onTimeline|movesPages),
+	kind("request_aborted", func(e RequestAborted) string { return e.ID }, onTimeline|movesPages),
+	kind("request_retired", func(e RequestRetired) string { return e.ID }, movesPages),
+	kind[PrefixChanged]("prefix_changed", nil, 0),
 	kind("hazard_detected", func(e HazardDetected) string { return e.Hazard.ID }, onTimeline),
-	kind[StepCompleted]("step_completed", nil, offTimeline),
+	kind[StepCompleted]("step_completed", nil, 0),
 }
 
-// timeline says whether an event of a kind goes on its request's timeline.
-type timeline uint8
+// kindFlags say how the events of a kind are treated.
+type kindFlags uint8
 
 const (
-	offTimeline timeline = iota // page operations, retirement: not a person's concern
-	onTimeline
-	coalesced // on it, a run of marks of the kind kept as the last one (KV writes, progress)
+	// onTimeline puts the event on its request's timeline (page operations and retirement
+	// are not a person's concern there).
+	onTimeline kindFlags = 1 << iota
+	// coalesced puts it on the timeline, a run of marks of the kind kept as the last one
+	// (KV writes, progress, re-evaluations).
+	coalesced
+	// movesPages marks the kinds that can change what the page map derives (the cache, the
+	// recycling list, a request's sequence, state or KV): the others leave it be.
+	movesPages
 )
 
 // kindInfo is one row of the registry.
 type kindInfo struct {
-	name     string
-	typ      reflect.Type
-	request  func(Event) (string, bool)
-	timeline timeline
-	newPtr   func() Event
-	deref    func(Event) (Event, bool)
+	name    string
+	typ     reflect.Type
+	request func(Event) (string, bool)
+	flags   kindFlags
+	newPtr  func() Event
+	deref   func(Event) (Event, bool)
 }
 
 // kind makes the registry row of event type T. request, when not nil, names the request an
 // event of the kind concerns.
-func kind[T Event](name string, request func(T) string, tl timeline) kindInfo {
+func kind[T Event](name string, request func(T) string, flags kindFlags) kindInfo {
 	k := kindInfo{
-		name:     name,
-		typ:      reflect.TypeFor[T](),
-		timeline: tl,
-		request:  func(Event) (string, bool) { return "", false },
-		newPtr:   func() Event { return any(new(T)).(Event) },
+		name:    name,
+		typ:     reflect.TypeFor[T](),
+		flags:   flags,
+		request: func(Event) (string, bool) { return "", false },
+		newPtr:  func() Event { return any(new(T)).(Event) },
 		deref: func(ev Event) (Event, bool) {
 			p, ok := any(ev).(*T)
 			if !ok {
@@ -379,6 +386,12 @@ func init() {
 }
 
 func infoOf(ev Event) *kindInfo { return kindByType[reflect.TypeOf(ev)] }
+
+// movesPagesOf says whether an event can change what the page map derives.
+func movesPagesOf(ev Event) bool {
+	k := infoOf(ev)
+	return k == nil || k.flags&movesPages != 0
+}
 
 // KindOf returns an event's stable name, as used on the wire ("request_arrived"); a pointer
 // made by NewEvent has its value's kind.

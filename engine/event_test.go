@@ -19,24 +19,22 @@ func TestRegistryHoldsEveryEventType(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	{
-		ast.Inspect(f, func(n ast.Node) bool {
-			ts, ok := n.(*ast.TypeSpec)
-			if !ok {
-				return true
-			}
-			st, ok := ts.Type.(*ast.StructType)
-			if !ok {
-				return true
-			}
-			for _, fl := range st.Fields.List {
-				if id, ok := fl.Type.(*ast.Ident); ok && len(fl.Names) == 0 && id.Name == "Stamp" {
-					declared = append(declared, ts.Name.Name)
-				}
-			}
+	ast.Inspect(f, func(n ast.Node) bool {
+		ts, ok := n.(*ast.TypeSpec)
+		if !ok {
 			return true
-		})
-	}
+		}
+		st, ok := ts.Type.(*ast.StructType)
+		if !ok {
+			return true
+		}
+		for _, fl := range st.Fields.List {
+			if id, ok := fl.Type.(*ast.Ident); ok && len(fl.Names) == 0 && id.Name == "Stamp" {
+				declared = append(declared, ts.Name.Name)
+			}
+		}
+		return true
+	})
 	var registered, names []string
 	for _, k := range registry {
 		registered = append(registered, k.typ.Name())

@@ -157,11 +157,11 @@ func addMark(h []Mark, m Mark, coalesce bool) []Mark {
 // the engine and View use it, so their timelines agree.
 func markOf(ev Event) (id string, coalesce, ok bool) {
 	k := infoOf(ev)
-	if k == nil || k.timeline == offTimeline {
+	if k == nil || k.flags&(onTimeline|coalesced) == 0 {
 		return "", false, false
 	}
 	id, ok = k.request(ev)
-	return id, k.timeline == coalesced, ok
+	return id, k.flags&coalesced != 0, ok
 }
 
 // blockedKinds are the mark kinds of blocked evaluations, one per reason, so that blocked

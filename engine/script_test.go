@@ -12,6 +12,7 @@ import (
 	"github.com/cockroachdb/datadriven"
 
 	"github.com/kvtop/kvtop/engine/pages"
+	"github.com/kvtop/kvtop/engine/prepare"
 )
 
 // The scripts in testdata/ drive an engine through the calls a router and a prefill
@@ -32,7 +33,7 @@ import (
 //	start id=A[,B…] [begin=END]
 //	abort id=A
 //	tick 30s
-//	requests | pages | prefix | blocked
+//	requests | pages | prefix | blocked | derived
 //
 // After every command the harness checks that a View built from the first snapshot (through
 // JSON) and fed every event since equals the engine's snapshot now.
@@ -241,9 +242,44 @@ func (h *scriptHarness) run(d *datadriven.TestData) string {
 		return b.String()
 	case "prefix":
 		return h.e.Prefix().Describe()
+	case "derived":
+		return describeDerived(h.view)
 	}
 	d.Fatalf(h.t, "unknown command %s", d.Cmd)
 	return ""
+}
+
+// describeDerived writes what the view derives: pages by state, requests by condition with
+// their status, blocked requests by reason, stuck ones. (The harness checks after every
+// command that the engine derives the same.)
+func describeDerived(v *View) string {
+	d := v.Derived()
+	var b strings.Builder
+	b.WriteString("pages:")
+	for _, st := range PageStates() {
+		if n := d.Pages[st]; n > 0 {
+			fmt.Fprintf(&b, " %s %d", st, n)
+		}
+	}
+	b.WriteString("\nrequests:")
+	for c := range NumConditions {
+		if n := d.Conditions[c]; n > 0 {
+			fmt.Fprintf(&b, " %s %d", c, n)
+		}
+	}
+	fmt.Fprintf(&b, " (stuck %d, hazardous %d)\n", d.Stuck, d.Hazardous)
+	for i, r := range v.Requests() {
+		st := v.Statuses()[i]
+		fmt.Fprintf(&b, "  %s %s pages=%d", r.ID, st.Condition, st.Pages)
+		if st.Blocked != prepare.ReasonNone {
+			fmt.Fprintf(&b, " blocked=%s", st.Blocked)
+		}
+		if st.Stuck {
+			b.WriteString(" stuck")
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
 }
 
 func (h *scriptHarness) write(slots []int64) string {

@@ -36,6 +36,9 @@ type Snapshot struct {
 	Hazards   []HazardDetected `json:"hazards"` // recent hazards, oldest first
 	Totals    Totals           `json:"totals"`
 	Last      StepCompleted    `json:"last"` // the last step's summary
+	// Derived is what the state means in counts (derive.go): the same numbers the dashboard
+	// and /metrics show.
+	Derived Derived `json:"derived"`
 }
 
 // SeqOwner names the request of a KV sequence.
@@ -84,33 +87,75 @@ type RequestView struct {
 // Snapshot returns the engine's state. Take it when no events are pending (after Step or
 // TakeEvents): the snapshot includes their effects.
 func (e *Engine) Snapshot() Snapshot {
-	s := Snapshot{
-		Config:      e.cfg,
-		Stamp:       e.stamp,
-		Pages:       e.caches[0].State(),
-		Prefix:      e.prefix.Nodes(),
-		PrefixStats: e.prefix.Stats(),
-		Recycling:   e.prefix.Recycling(),
-		Metadata:    slices.Clone(e.metadata),
-		Hazards:     slices.Clone(e.hazards),
-		Totals:      e.totals,
-		Last:        e.last,
-	}
-	if e.lastMatch != nil {
-		m := *e.lastMatch
-		s.LastMatch = &m
+	p := snapshotParts{
+		cfg: e.cfg, stamp: e.stamp, cache: e.caches[0], prefix: e.prefix.Nodes(), stats: e.prefix.Stats(),
+		recycling: e.prefix.Recycling(), metadata: e.metadata, hazards: e.hazards, lastMatch: e.lastMatch,
+		totals: e.totals, last: e.last, derived: e.Derived(),
 	}
 	for _, r := range e.order {
-		s.Requests = append(s.Requests, r.view())
+		p.requests = append(p.requests, r.view())
 	}
 	for _, r := range e.waiting {
-		s.Waiting = append(s.Waiting, r.id)
+		p.waiting = append(p.waiting, r.id)
 	}
 	for _, r := range e.running {
-		s.Running = append(s.Running, r.id)
+		p.running = append(p.running, r.id)
 	}
 	for seq, r := range e.seqOwner {
-		s.Owners = append(s.Owners, SeqOwner{Seq: seq, ID: r.id})
+		p.owners = append(p.owners, SeqOwner{Seq: seq, ID: r.id})
+	}
+	return p.build()
+}
+
+// Derived returns what the engine's state means in counts, pages included (derive.go).
+func (e *Engine) Derived() Derived {
+	src := engineSource{e}
+	var pm PageMap
+	pm.build(src)
+	return derive(src, statuses(src, &pm, nil), &pm)
+}
+
+// snapshotParts are what a snapshot is made of. The engine and a View each fill them from
+// their own records; build makes the one Snapshot form of both, copying what they share.
+type snapshotParts struct {
+	cfg              Config
+	stamp            Stamp
+	cache            *pages.Cache
+	prefix           []prefix.Node
+	stats            prefix.Stats
+	recycling        []int64
+	metadata         []MetadataEmitted
+	hazards          []HazardDetected
+	lastMatch        *PrefixMatched
+	totals           Totals
+	last             StepCompleted
+	requests         []RequestView // owned by the snapshot
+	waiting, running []string      // owned by the snapshot
+	owners           []SeqOwner    // owned by the snapshot, in any order
+	derived          Derived
+}
+
+func (p snapshotParts) build() Snapshot {
+	s := Snapshot{
+		Config:      p.cfg,
+		Stamp:       p.stamp,
+		Requests:    p.requests,
+		Waiting:     p.waiting,
+		Running:     p.running,
+		Pages:       p.cache.State(),
+		Prefix:      p.prefix,
+		PrefixStats: p.stats,
+		Recycling:   slices.Clone(p.recycling),
+		Owners:      p.owners,
+		Metadata:    slices.Clone(p.metadata),
+		Hazards:     slices.Clone(p.hazards),
+		Totals:      p.totals,
+		Last:        p.last,
+		Derived:     p.derived,
+	}
+	if p.lastMatch != nil {
+		m := *p.lastMatch
+		s.LastMatch = &m
 	}
 	slices.SortFunc(s.Owners, func(a, b SeqOwner) int { return cmp.Compare(a.Seq, b.Seq) })
 	s.normalize()
@@ -199,6 +244,15 @@ type View struct {
 	totals    Totals
 	last      StepCompleted
 	version   uint64
+
+	// What is derived from the view (derive.go), kept until what it depends on changes:
+	// the page map until an event that moves pages, the rest until any event.
+	pagesVersion uint64
+	pm           PageMap
+	pmVersion    uint64
+	sts          []RequestStatus
+	derived      Derived
+	dVersion     uint64
 }
 
 // NewView builds a view from a snapshot.
@@ -222,6 +276,8 @@ func NewView(s Snapshot) (*View, error) {
 		totals:    s.Totals,
 		last:      s.Last,
 		version:   1,
+
+		pagesVersion: 1,
 	}
 	if s.LastMatch != nil {
 		m := *s.LastMatch
@@ -333,7 +389,7 @@ func (v *View) Head() *RequestView {
 
 // Blocked returns why a waiting request is not admitted: its own evaluation when it is at the
 // head of the line, head-of-line behind the head when the head is blocked, and false when it
-// is not waiting or has not been evaluated yet.
+// is not waiting or has not been evaluated yet. Statuses says the same in a word.
 func (v *View) Blocked(r *RequestView) (prepare.Evaluation, bool) {
 	if r.State != StateWaiting {
 		return prepare.Evaluation{}, false
@@ -349,25 +405,52 @@ func (v *View) Blocked(r *RequestView) (prepare.Evaluation, bool) {
 		PromptLength: r.PromptLength, End: r.End}, true
 }
 
+// PagesVersion changes whenever the page map may have changed: panels that draw pages cache
+// by it, so that a trickle of step summaries does not redraw 65,536 pages.
+func (v *View) PagesVersion() uint64 { return v.pagesVersion }
+
+// PageMap returns what every page is doing, built again only when an event that moves pages
+// has been applied since. Read it; do not change it.
+func (v *View) PageMap() *PageMap {
+	if v.pmVersion != v.pagesVersion {
+		v.pm.build(viewSource{v})
+		v.pmVersion = v.pagesVersion
+	}
+	return &v.pm
+}
+
+// Statuses returns each request's status, in the order of Requests. Read it; do not change
+// it.
+func (v *View) Statuses() []RequestStatus {
+	v.refreshDerived()
+	return v.sts
+}
+
+// Derived returns what the view's state means in counts: the numbers the engine's snapshot
+// and /metrics show.
+func (v *View) Derived() Derived {
+	v.refreshDerived()
+	return v.derived
+}
+
+func (v *View) refreshDerived() {
+	if v.dVersion == v.version {
+		return
+	}
+	src := viewSource{v}
+	pm := v.PageMap()
+	v.sts = statuses(src, pm, v.sts)
+	v.derived = derive(src, v.sts, pm)
+	v.dVersion = v.version
+}
+
 // Snapshot returns the view's state in the engine's Snapshot form.
 func (v *View) Snapshot() Snapshot {
-	s := Snapshot{
-		Config:      v.cfg,
-		Stamp:       v.stamp,
-		Waiting:     slices.Clone(v.waiting),
-		Running:     slices.Clone(v.running),
-		Pages:       v.cache.State(),
-		Prefix:      v.prefixNodes(),
-		PrefixStats: v.stats,
-		Recycling:   slices.Clone(v.recycling),
-		Metadata:    slices.Clone(v.metadata),
-		Hazards:     slices.Clone(v.hazards),
-		Totals:      v.totals,
-		Last:        v.last,
-	}
-	if v.lastMatch != nil {
-		m := *v.lastMatch
-		s.LastMatch = &m
+	p := snapshotParts{
+		cfg: v.cfg, stamp: v.stamp, cache: v.cache, prefix: v.prefixNodes(), stats: v.stats,
+		recycling: v.recycling, metadata: v.metadata, hazards: v.hazards, lastMatch: v.lastMatch,
+		totals: v.totals, last: v.last, derived: v.Derived(),
+		waiting: slices.Clone(v.waiting), running: slices.Clone(v.running),
 	}
 	for _, r := range v.order {
 		c := *r
@@ -378,14 +461,12 @@ func (v *View) Snapshot() Snapshot {
 			ev := *r.Eval
 			c.Eval = &ev
 		}
-		s.Requests = append(s.Requests, c)
+		p.requests = append(p.requests, c)
 	}
 	for seq, id := range v.owners {
-		s.Owners = append(s.Owners, SeqOwner{Seq: seq, ID: id})
+		p.owners = append(p.owners, SeqOwner{Seq: seq, ID: id})
 	}
-	slices.SortFunc(s.Owners, func(a, b SeqOwner) int { return cmp.Compare(a.Seq, b.Seq) })
-	s.normalize()
-	return s
+	return p.build()
 }
 
 // PrefixNodes returns the prefix tree depth first, root first, children in creation order.
@@ -425,6 +506,9 @@ func (v *View) Apply(ev Event) error {
 	}
 	v.stamp = ev.When()
 	v.version++
+	if movesPagesOf(ev) {
+		v.pagesVersion++
+	}
 	if id, coalesce, ok := markOf(ev); ok {
 		if r := v.reqs[id]; r != nil {
 			r.History = addMark(r.History, newMark(ev), coalesce)

@@ -1,0 +1,537 @@
+package engine
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/kvtop/kvtop/engine/pages"
+	"github.com/kvtop/kvtop/engine/prepare"
+)
+
+// This file is the one place where the engine's state is interpreted for people: what each
+// page is doing, what each request's condition is and whether it is stuck, and the counts
+// the dashboard's header, /metrics and the snapshot show. The engine and a View derive
+// through the same code, each reading its own records through source, so what the dashboard
+// shows, what /metrics says and what the engine knows cannot disagree.
+
+// PageState is what a page of the KV cache is doing. Every page is in exactly one state.
+// The order goes from idle to alarming; a group of pages drawn as one cell shows its most
+// alarming state from PageAwaiting on.
+type PageState uint8
+
+// The page states.
+const (
+	// PageFree: on the free list.
+	PageFree PageState = iota
+	// PageActive: used by the sequence of one running request alone.
+	PageActive
+	// PageShared: in a block several sequences share, at least one of them live: a prefix.
+	PageShared
+	// PageRecycling: used by recycling sequences only: cached for reuse, evictable.
+	PageRecycling
+	// PagePrepared: held by a prepared request whose KV for the page is in: the request
+	// awaits start_generate.
+	PagePrepared
+	// PageAwaiting: reserved for a prepared request; no slot of its run has been written.
+	PageAwaiting
+	// PagePartial: reserved for a prepared request; its run is partly written.
+	PagePartial
+	// PageLeaked: held by the sequence of a prepared request that was aborted (as in MLC).
+	PageLeaked
+	NumPageStates
+)
+
+var pageStateNames = [NumPageStates]string{"free", "active", "shared", "recycling", "prepared", "awaiting-kv", "partly-received", "leaked"}
+
+// String returns the state's stable name, as used in metrics labels.
+func (s PageState) String() string {
+	if s < NumPageStates {
+		return pageStateNames[s]
+	}
+	return fmt.Sprintf("page-state(%d)", uint8(s))
+}
+
+// PageStates lists every page state, in order.
+func PageStates() []PageState {
+	out := make([]PageState, NumPageStates)
+	for i := range out {
+		out[i] = PageState(i)
+	}
+	return out
+}
+
+// Condition is a request's state as a person reads it: the lifecycle state refined by what
+// derivation knows (a waiting request is blocked or not yet, a running one prefills or
+// decodes, an aborted one leaked its sequence or not). The order ranks requests for
+// attention, most urgent first.
+type Condition uint8
+
+// The conditions.
+const (
+	CondBlocked    Condition = iota // waiting, with a blocked reason
+	CondWaiting                     // waiting, not evaluated yet
+	CondPrepared                    // prepared, KV arriving
+	CondKVComplete                  // prepared, KV in, awaiting start_generate
+	CondPrefilling                  // started, its tail waiting for prefill
+	CondRunning                     // decoding
+	CondLeaked                      // aborted while prepared: its sequence is still held
+	CondAborted
+	CondPreempted
+	CondFinished
+	NumConditions
+)
+
+var conditionNames = [NumConditions]string{"blocked", "waiting", "prepared", "kv-complete", "prefilling", "running", "leaked", "aborted", "preempted", "finished"}
+
+func (c Condition) String() string {
+	if c < NumConditions {
+		return conditionNames[c]
+	}
+	return fmt.Sprintf("condition(%d)", uint8(c))
+}
+
+// RequestStatus is what derivation says of one request.
+type RequestStatus struct {
+	Condition Condition
+	// Blocked is why a waiting request is not admitted: its own reason at the head of the
+	// line, head-of-line behind it; ReasonNone otherwise.
+	Blocked prepare.Reason
+	// Stuck says the request needs a person's attention: blocked from admission, prepared
+	// for longer than the prepared-age limit (its KV or its start_generate never came), or
+	// leaked.
+	Stuck bool
+	// Pages is how many pages the request's sequence uses; -1 when it holds none.
+	Pages int
+}
+
+// Derived holds the counts derived from the engine's state: the dashboard's header, the
+// page map's legend, /metrics and the snapshot all show these.
+type Derived struct {
+	Counts
+	// Requests counts the request table (ended requests until retired) by lifecycle state,
+	// Conditions by condition.
+	Requests   [numStates]int     `json:"requests"`
+	Conditions [NumConditions]int `json:"conditions"`
+	// BlockedBy counts the waiting prepare-receive requests by why they wait.
+	BlockedBy [prepare.NumReasons]int `json:"blocked_by"`
+	Stuck     int                     `json:"stuck"`
+	Hazardous int                     `json:"hazardous"` // requests with a hazard flagged
+	// Pages counts the KV cache's pages (model 0's; every model is alike) by state.
+	Pages [NumPageStates]int `json:"pages"`
+}
+
+// facts is what derivation reads of one request.
+type facts struct {
+	state  RequestState
+	seq    int64
+	leaked bool
+	// pending is the tail left to prefill; reason the admission evaluation's verdict, when
+	// the request has one (ReasonNone when not evaluated).
+	pending   int
+	evaluated bool
+	reason    prepare.Reason
+	admitted  int64
+	hazards   int
+	runs      []pages.Run // model 0's reserved runs
+	runRecv   []int       // slots received per run
+}
+
+// source is what derivation reads; Engine and View implement it over their own records.
+type source interface {
+	config() Config
+	now() int64 // engine time of the last event, Unix milliseconds
+	cache() *pages.Cache
+	recycling() []int64 // the recycling sequences
+	numRecycling() int
+	numRequests() int
+	facts(i int) facts // the i-th request of the table, in arrival order
+	// owns says whether the i-th request still holds its sequence (an ended one may have
+	// lost it to a reuse).
+	owns(i int) bool
+}
+
+// engineSource and viewSource read the engine's records and a View's for derivation.
+type (
+	engineSource struct{ e *Engine }
+	viewSource   struct{ v *View }
+)
+
+func (e engineSource) config() Config      { return e.e.cfg }
+func (e engineSource) now() int64          { return e.e.stamp.At }
+func (e engineSource) cache() *pages.Cache { return e.e.caches[0] }
+func (e engineSource) recycling() []int64  { return e.e.prefix.Recycling() }
+func (e engineSource) numRecycling() int   { return e.e.prefix.NumRecycling() }
+func (e engineSource) numRequests() int    { return len(e.e.order) }
+func (e engineSource) facts(i int) facts {
+	r := e.e.order[i]
+	f := facts{
+		state: r.state, seq: r.seq, leaked: r.leaked,
+		pending: r.pending, evaluated: r.eval != nil, admitted: r.admitted.At, hazards: len(r.hazards),
+		runRecv: r.kv.runRecv,
+	}
+	if r.eval != nil {
+		f.reason = r.eval.Reason
+	}
+	if len(r.runs) > 0 {
+		f.runs = r.runs[0]
+	}
+	return f
+}
+
+func (e engineSource) owns(i int) bool {
+	r := e.e.order[i]
+	return r.seq >= 0 && e.e.seqOwner[r.seq] == r
+}
+
+func (v viewSource) owns(i int) bool {
+	r := v.v.order[i]
+	if r.Seq < 0 {
+		return false
+	}
+	id, ok := v.v.owners[r.Seq]
+	return ok && id == r.ID
+}
+
+func (v viewSource) config() Config      { return v.v.cfg }
+func (v viewSource) now() int64          { return v.v.stamp.At }
+func (v viewSource) cache() *pages.Cache { return v.v.cache }
+func (v viewSource) recycling() []int64  { return v.v.recycling }
+func (v viewSource) numRecycling() int   { return len(v.v.recycling) }
+func (v viewSource) numRequests() int    { return len(v.v.order) }
+func (v viewSource) facts(i int) facts {
+	r := v.v.order[i]
+	f := facts{
+		state: r.State, seq: r.Seq, leaked: r.Leaked, pending: r.Pending, evaluated: r.Eval != nil,
+		admitted: r.Admitted.At, hazards: len(r.Hazards), runRecv: r.RunReceived,
+	}
+	if r.Eval != nil {
+		f.reason = r.Eval.Reason
+	}
+	if len(r.Runs) > 0 {
+		f.runs = r.Runs[0]
+	}
+	return f
+}
+
+// statuses derives every request's status, in table order, into dst. Pages come from pm
+// when it is given.
+func statuses(src source, pm *PageMap, dst []RequestStatus) []RequestStatus {
+	dst = dst[:0]
+	n := src.numRequests()
+	// The head of the line is the first waiting prepare-receive request: requests arrive in
+	// table order and wait in it; the started ones the waiting queue also holds are running.
+	headBlocked := false
+	for i := range n {
+		if f := src.facts(i); f.state == StateWaiting {
+			headBlocked = f.evaluated
+			break
+		}
+	}
+	limit := src.config().PreparedAgeLimit.Milliseconds()
+	now := src.now()
+	for i := range n {
+		f := src.facts(i)
+		st := RequestStatus{Pages: -1}
+		switch f.state {
+		case StateWaiting:
+			st.Condition = CondWaiting
+			switch {
+			case f.evaluated:
+				st.Blocked = f.reason
+			case headBlocked:
+				st.Blocked = prepare.ReasonHeadOfLine
+			}
+			if st.Blocked != prepare.ReasonNone {
+				st.Condition, st.Stuck = CondBlocked, true
+			}
+		case StatePrepared, StateKVComplete:
+			st.Condition = CondPrepared
+			if f.state == StateKVComplete {
+				st.Condition = CondKVComplete
+			}
+			st.Stuck = limit > 0 && now-f.admitted >= limit
+		case StateRunning:
+			st.Condition = CondRunning
+			if f.pending > 0 {
+				st.Condition = CondPrefilling
+			}
+		case StateFinished:
+			st.Condition = CondFinished
+		case StatePreempted:
+			st.Condition = CondPreempted
+		case StateAborted:
+			st.Condition = CondAborted
+		}
+		if f.leaked {
+			st.Condition, st.Stuck = CondLeaked, true
+		}
+		if pm != nil {
+			if p, ok := pm.RequestPages(i); ok {
+				st.Pages = p
+			}
+		}
+		dst = append(dst, st)
+	}
+	return dst
+}
+
+// derive counts what the statuses and the page map say.
+func derive(src source, sts []RequestStatus, pm *PageMap) Derived {
+	c := src.cache()
+	d := Derived{Counts: Counts{
+		FreePages:   c.NumAvailablePages(),
+		TotalSeqLen: c.TotalSequenceLength(),
+		Recycling:   src.numRecycling(),
+	}}
+	for i, st := range sts {
+		f := src.facts(i)
+		d.Requests[f.state]++
+		d.Conditions[st.Condition]++
+		d.BlockedBy[st.Blocked]++
+		if st.Stuck {
+			d.Stuck++
+		}
+		if f.hazards > 0 {
+			d.Hazardous++
+		}
+	}
+	d.BlockedBy[prepare.ReasonNone] = 0
+	d.Waiting = d.Requests[StateWaiting]
+	d.Blocked = d.Conditions[CondBlocked]
+	d.Prepared = d.Requests[StatePrepared] + d.Requests[StateKVComplete]
+	d.AwaitingKV = d.Requests[StatePrepared]
+	d.Running = d.Conditions[CondRunning]
+	d.Prefilling = d.Conditions[CondPrefilling]
+	if pm != nil {
+		d.Pages = pm.Count
+	}
+	return d
+}
+
+// counts derives the gauges a step closes with, without the page map.
+func counts(src source, scratch []RequestStatus) (Counts, []RequestStatus) {
+	sts := statuses(src, nil, scratch)
+	return derive(src, sts, nil).Counts, sts
+}
+
+// PageMap is what every page of the KV cache is doing, and which sequences use which
+// blocks. It is built in one pass over the sequences' block chains and one over the pages.
+type PageMap struct {
+	// States is each page's state, by page id; Count the pages in each state.
+	States []PageState
+	Count  [NumPageStates]int
+
+	// seqs are the cache's sequences; the chain of seqs[i] (block ids, root first) is
+	// chains[chainAt[i]:chainAt[i+1]], and it uses seqPages[i] pages. reqSeq[j] is the index
+	// in seqs of the sequence the j-th request of the table holds, or -1.
+	seqs     []int64
+	reqSeq   []int32
+	chainAt  []int32
+	chains   []int32
+	seqPages []int32
+	// By block id: how many sequences use the block, how many of them are not recycling,
+	// the role of the last one seen, and the block's pages.
+	users, nonRec, blockPages []int32
+	lastRole                  []seqRole
+	roles                     []seqRole       // by index in seqs
+	listed                    map[int64]int32 // index in seqs by sequence id
+}
+
+// seqRole is who holds a sequence, as far as its pages are concerned.
+type seqRole uint8
+
+const (
+	roleLive      seqRole = iota // a running request, or one that holds it for no other reason
+	rolePrepared                 // a prepared request
+	roleRecycling                // the prefix cache, for reuse
+	roleLeaked                   // an aborted prepared request, as MLC leaks it
+)
+
+// RequestPages returns how many pages the j-th request of the table holds.
+func (pm *PageMap) RequestPages(j int) (int, bool) {
+	if j >= len(pm.reqSeq) || pm.reqSeq[j] < 0 {
+		return 0, false
+	}
+	return int(pm.seqPages[pm.reqSeq[j]]), true
+}
+
+// BlockUsers returns the sequences whose chain holds a block, in the order the page map
+// lists them (the recycling ones first, then those of the table's requests).
+func (pm *PageMap) BlockUsers(b int32) []int64 {
+	var out []int64
+	for i, id := range pm.seqs {
+		if slices.Contains(pm.chains[pm.chainAt[i]:pm.chainAt[i+1]], b) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// grow returns s with room for index i, zeroing what it adds.
+func grow[T any](s []T, i int) []T {
+	if i < len(s) {
+		return s
+	}
+	return append(s, make([]T, i+1-len(s))...)
+}
+
+// build derives the page map from src, reusing pm's buffers.
+func (pm *PageMap) build(src source) {
+	c := src.cache()
+	n := c.NumPages()
+	pm.States = slices.Grow(pm.States[:0], n)[:n]
+	pm.Count = [NumPageStates]int{}
+	clear(pm.users)
+	clear(pm.nonRec)
+	clear(pm.blockPages)
+	pm.listSeqs(src)
+	for i := range pm.seqs {
+		role := pm.roles[i]
+		for _, b := range pm.chains[pm.chainAt[i]:pm.chainAt[i+1]] {
+			pm.users = grow(pm.users, int(b))
+			pm.nonRec = grow(pm.nonRec, int(b))
+			pm.lastRole = grow(pm.lastRole, int(b))
+			pm.users[b]++
+			if role != roleRecycling {
+				pm.nonRec[b]++
+			}
+			pm.lastRole[b] = role
+		}
+	}
+	for pg := range n {
+		b := c.PageBlock(int32(pg))
+		if b < 0 || int(b) >= len(pm.users) || pm.users[b] == 0 {
+			pm.States[pg] = PageFree
+			continue
+		}
+		pm.blockPages = grow(pm.blockPages, int(b))
+		pm.blockPages[b]++
+		switch {
+		case pm.nonRec[b] == 0:
+			pm.States[pg] = PageRecycling
+		case pm.users[b] > 1:
+			pm.States[pg] = PageShared
+		case pm.lastRole[b] == roleLeaked:
+			pm.States[pg] = PageLeaked
+		case pm.lastRole[b] == rolePrepared:
+			pm.States[pg] = PagePrepared
+		default:
+			pm.States[pg] = PageActive
+		}
+	}
+	pm.seqPages = pm.seqPages[:0]
+	for i := range pm.seqs {
+		sum := int32(0)
+		for _, b := range pm.chains[pm.chainAt[i]:pm.chainAt[i+1]] {
+			if int(b) < len(pm.blockPages) {
+				sum += pm.blockPages[b]
+			}
+		}
+		pm.seqPages = append(pm.seqPages, sum)
+	}
+	// A prepared request's reserved runs: awaiting or partly received by the count of its
+	// run's slots received (a View knows how many per run, not which).
+	ps := int64(c.PageSize())
+	for j := range src.numRequests() {
+		f := src.facts(j)
+		if f.state != StatePrepared {
+			continue
+		}
+		for i, run := range f.runs {
+			got := 0
+			if i < len(f.runRecv) {
+				got = f.runRecv[i]
+			}
+			st := PageAwaiting
+			switch {
+			case int64(got) >= run.Len:
+				continue
+			case got > 0:
+				st = PagePartial
+			}
+			for pg := run.Start / ps; pg <= (run.End()-1)/ps && pg < int64(n); pg++ {
+				cur := pm.States[pg]
+				if cur == PageFree || cur == PageLeaked {
+					continue
+				}
+				if cur < PageAwaiting || st > cur {
+					pm.States[pg] = st
+				}
+			}
+		}
+	}
+	for _, s := range pm.States {
+		pm.Count[s]++
+	}
+}
+
+// listSeqs lists the cache's sequences, their block chains and roles, from the table's
+// requests and the recycling list, which hold them all (the engine keeps a leaked request
+// while its sequence lives), noting which request holds which. Should the list ever miss
+// one, it falls back to the cache's own list, which costs a sort.
+func (pm *PageMap) listSeqs(src source) {
+	c := src.cache()
+	pm.seqs, pm.reqSeq, pm.roles = pm.seqs[:0], pm.reqSeq[:0], pm.roles[:0]
+	pm.chainAt, pm.chains = pm.chainAt[:0], pm.chains[:0]
+	if pm.listed == nil {
+		pm.listed = make(map[int64]int32)
+	}
+	clear(pm.listed)
+	add := func(seq int64, role seqRole) int32 {
+		if i, ok := pm.listed[seq]; ok {
+			return i
+		}
+		at := len(pm.chains)
+		var err error
+		if pm.chains, err = c.SequenceBlocks(seq, pm.chains); err != nil {
+			pm.chains = pm.chains[:at]
+			return -1
+		}
+		i := int32(len(pm.seqs))
+		pm.listed[seq] = i
+		pm.chainAt = append(pm.chainAt, int32(at))
+		pm.seqs = append(pm.seqs, seq)
+		pm.roles = append(pm.roles, role)
+		return i
+	}
+	rec := src.recycling()
+	for _, s := range rec {
+		add(s, roleRecycling)
+	}
+	for j := range src.numRequests() {
+		f := src.facts(j)
+		i := int32(-1)
+		if src.owns(j) {
+			role := roleLive
+			switch {
+			case f.leaked:
+				role = roleLeaked
+			case f.state == StatePrepared || f.state == StateKVComplete:
+				role = rolePrepared
+			}
+			i = add(f.seq, role)
+		}
+		pm.reqSeq = append(pm.reqSeq, i)
+	}
+	if len(pm.seqs) != c.NumSequences() {
+		// Some sequence has no record: list the cache's own, with what is known of each.
+		roles := make(map[int64]seqRole, len(pm.seqs))
+		for i, s := range pm.seqs {
+			roles[s] = pm.roles[i]
+		}
+		clear(pm.listed)
+		pm.seqs, pm.roles, pm.chainAt, pm.chains = pm.seqs[:0], pm.roles[:0], pm.chainAt[:0], pm.chains[:0]
+		for _, s := range c.SequenceIDs() {
+			add(s, roles[s])
+		}
+		for j := range src.numRequests() {
+			pm.reqSeq[j] = -1
+			if src.owns(j) {
+				if i, ok := pm.listed[src.facts(j).seq]; ok {
+					pm.reqSeq[j] = i
+				}
+			}
+		}
+	}
+	pm.chainAt = append(pm.chainAt, int32(len(pm.chains)))
+}
