@@ -253,6 +253,8 @@ type View struct {
 	sts          []RequestStatus
 	derived      Derived
 	dVersion     uint64
+	stsIndex     map[string]int // index in sts by request id, when asked for
+	idxVersion   uint64
 }
 
 // NewView builds a view from a snapshot.
@@ -424,6 +426,26 @@ func (v *View) PageMap() *PageMap {
 func (v *View) Statuses() []RequestStatus {
 	v.refreshDerived()
 	return v.sts
+}
+
+// StatusOf returns one request's status.
+func (v *View) StatusOf(id string) (RequestStatus, bool) {
+	v.refreshDerived()
+	if v.idxVersion != v.version || v.stsIndex == nil {
+		if v.stsIndex == nil {
+			v.stsIndex = make(map[string]int, len(v.order))
+		}
+		clear(v.stsIndex)
+		for i, r := range v.order {
+			v.stsIndex[r.ID] = i
+		}
+		v.idxVersion = v.version
+	}
+	i, ok := v.stsIndex[id]
+	if !ok {
+		return RequestStatus{}, false
+	}
+	return v.sts[i], true
 }
 
 // Derived returns what the view's state means in counts: the numbers the engine's snapshot

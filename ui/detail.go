@@ -143,9 +143,9 @@ func (p *detailPanel) build() []string {
 	add := func(format string, a ...any) { out = append(out, fmt.Sprintf(format, a...)) }
 	section := func(title string) { out = append(out, "", st.Heading.Render(title)) }
 
-	label, _ := stateLabel(v, r)
-	head := st.Heading.Render("Request "+r.ID) + "  " + label
-	if isStuck(v, r, now.At, limit) {
+	status, _ := v.StatusOf(r.ID)
+	head := st.Heading.Render("Request "+r.ID) + "  " + status.Condition.String()
+	if status.Stuck {
 		head += "  " + st.Bad.Render("! STUCK")
 	}
 	out = append(out, head)
@@ -346,7 +346,7 @@ func (p detailPanel) pagesText(v *engine.View, r *engine.RequestView) []string {
 	pd := p.w.pages()
 	var count [numPageStates]int
 	for _, pg := range pgs {
-		count[pd.state[pg]]++
+		count[pd.States[pg]]++
 	}
 	var mix []string
 	for s := range numPageStates {

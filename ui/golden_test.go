@@ -73,12 +73,12 @@ func TestNoColorGlyphs(t *testing.T) {
 	pd := m.live.pages()
 	grid := out[strings.Index(out, "\n     0 "):]
 	for s := range numPageStates {
-		if pd.count[s] > 0 && !strings.Contains(grid, m.st.Glyph[s]) {
-			t.Errorf("state %s has %d pages but its glyph %q is not in the map", pageStateNames[s], pd.count[s], m.st.Glyph[s])
+		if pd.Count[s] > 0 && !strings.Contains(grid, m.st.Glyph[s]) {
+			t.Errorf("state %s has %d pages but its glyph %q is not in the map", pageStateNames[s], pd.Count[s], m.st.Glyph[s])
 		}
 	}
 	for _, want := range []pageState{pgFree, pgShared, pgRecycling, pgAwaiting, pgPartial, pgLeaked, pgActive} {
-		if pd.count[want] == 0 {
+		if pd.Count[want] == 0 {
 			t.Errorf("the busy script has no %s page: the test would not show the glyphs apart", pageStateNames[want])
 		}
 	}

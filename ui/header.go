@@ -199,25 +199,28 @@ func dur(ms int64) string {
 
 func (m *Model) requestsLine(w *world, long bool) string {
 	st := m.st
-	s := w.summary()
+	var s engine.Derived
+	if w.view != nil {
+		s = w.view.Derived()
+	}
 	var l3 strings.Builder
 	num := func(n int) string { return st.Value.Render(humanize.Comma(int64(n))) }
 	names := [...]string{"waiting", "blocked", "prepared", "awaiting KV", "running", "prefilling", "stuck"}
 	if !long {
 		names = [...]string{"wait", "blocked", "prep", "await-KV", "run", "prefill", "stuck"}
 	}
-	fmt.Fprintf(&l3, "%s %s", st.Label.Render(names[0]), num(s.waiting))
-	if s.blocked > 0 {
-		fmt.Fprintf(&l3, " %s", st.Bad.Render(fmt.Sprintf("(%s %s)", names[1], humanize.Comma(int64(s.blocked)))))
+	fmt.Fprintf(&l3, "%s %s", st.Label.Render(names[0]), num(s.Waiting))
+	if s.Blocked > 0 {
+		fmt.Fprintf(&l3, " %s", st.Bad.Render(fmt.Sprintf("(%s %s)", names[1], humanize.Comma(int64(s.Blocked)))))
 	} else {
 		fmt.Fprintf(&l3, " %s", st.Dim.Render(fmt.Sprintf("(%s 0)", names[1])))
 	}
-	fmt.Fprintf(&l3, " · %s %s", st.Label.Render(names[2]), num(s.prepared))
-	fmt.Fprintf(&l3, " (%s %s)", names[3], num(s.awaitingKV))
-	fmt.Fprintf(&l3, " · %s %s", st.Label.Render(names[4]), num(s.running))
-	fmt.Fprintf(&l3, " +%s %s", num(s.prefilling), names[5])
-	if s.stuck > 0 {
-		l3.WriteString(" · " + st.Bad.Render(fmt.Sprintf("! %s %s", names[6], humanize.Comma(int64(s.stuck)))))
+	fmt.Fprintf(&l3, " · %s %s", st.Label.Render(names[2]), num(s.Prepared))
+	fmt.Fprintf(&l3, " (%s %s)", names[3], num(s.AwaitingKV))
+	fmt.Fprintf(&l3, " · %s %s", st.Label.Render(names[4]), num(s.Running))
+	fmt.Fprintf(&l3, " +%s %s", num(s.Prefilling), names[5])
+	if s.Stuck > 0 {
+		l3.WriteString(" · " + st.Bad.Render(fmt.Sprintf("! %s %s", names[6], humanize.Comma(int64(s.Stuck)))))
 	}
 	return l3.String()
 }

@@ -260,21 +260,16 @@ func (m *Model) fold(u engine.Update) tea.Cmd {
 			cmd = m.control(engine.Control{Op: engine.ControlSnapshot})
 		} else {
 			w.view, m.diverged = v, nil
-			w.lastMatch, w.hasLastMatch = v.LastMatch()
 			m.clock++
-			w.prefixVer, w.pageVer = m.clock, m.clock
+			w.prefixVer, w.pageVer, w.viewPages = m.clock, m.clock, v.PagesVersion()
 		}
 		changed = true
 	}
 	stepped := false
 	for _, ev := range u.Events {
 		w.events.push(ev)
-		switch e := ev.(type) {
-		case engine.PrefixMatched:
-			w.lastMatch, w.hasLastMatch = e, true
-			m.clock++
-			w.prefixVer = m.clock
-		case engine.PrefixChanged:
+		switch ev.(type) {
+		case engine.PrefixMatched, engine.PrefixChanged:
 			m.clock++
 			w.prefixVer = m.clock
 		case engine.StepCompleted:
@@ -283,14 +278,14 @@ func (m *Model) fold(u engine.Update) tea.Cmd {
 		if w.view == nil || m.diverged != nil {
 			continue
 		}
-		if touchesPages(ev) && w.pageVer <= w.ver {
-			m.clock++
-			w.pageVer = m.clock
-		}
 		if err := w.view.Apply(ev); err != nil {
 			m.diverged = err
 			cmd = m.control(engine.Control{Op: engine.ControlSnapshot})
 		}
+	}
+	if w.view != nil && w.view.PagesVersion() != w.viewPages {
+		m.clock++
+		w.pageVer, w.viewPages = m.clock, w.view.PagesVersion()
 	}
 	if len(u.Events) > 0 {
 		changed = true
@@ -311,10 +306,10 @@ func (m *Model) fold(u engine.Update) tea.Cmd {
 // freeze copies the live world for drawing while paused: the View deeply (its requests
 // change in place as events apply), and the event log.
 func (m *Model) freeze() {
-	f := &world{events: m.live.events.clone(), lastMatch: m.live.lastMatch, hasLastMatch: m.live.hasLastMatch}
+	f := &world{events: m.live.events.clone()}
 	if m.live.view != nil {
 		if v, err := engine.NewView(m.live.view.Snapshot()); err == nil {
-			f.view = v
+			f.view, f.viewPages = v, v.PagesVersion()
 		} else {
 			m.setMessage("cannot freeze the view: "+err.Error(), true)
 		}

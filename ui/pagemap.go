@@ -82,12 +82,9 @@ func (p pagesPanel) numPages() int {
 
 func (p pagesPanel) layout() pageLayout {
 	n := p.numPages()
-	l := pageLayout{labelW: 7, legend: 2}
+	l := pageLayout{labelW: 7, legend: legendLines(p.width, n)}
 	if p.width < 40 {
 		l.labelW = 0
-	}
-	if p.width-l.labelW >= 100 {
-		l.legend = 1
 	}
 	gw := max(p.width-l.labelW, 1)
 	gh := max(p.height-1-l.legend-pageInfoLines, 1)
@@ -102,6 +99,22 @@ func (p pagesPanel) layout() pageLayout {
 	l.cols = gw
 	l.rows = (l.cells + gw - 1) / gw
 	return l
+}
+
+// legendLines is how many lines the legend takes at a width: items wrap as render lays them
+// out, each with room for the largest count.
+func legendLines(width, pages int) int {
+	digits := len(humanize.Comma(int64(pages)))
+	lines, lw := 1, 0
+	for s := range numPageStates {
+		w := 1 + len([]rune(pageStateNames[s])) + digits + 4
+		if lw+w > width && lw > 0 {
+			lines++
+			lw = 0
+		}
+		lw += w
+	}
+	return lines
 }
 
 // Update moves the cursor over the cells.
@@ -188,7 +201,7 @@ func groupState(count *[numPageStates]int) pageState {
 
 func (p *pagesPanel) deriveCells(l pageLayout) {
 	pd := p.w.pages()
-	n := len(pd.state)
+	n := len(pd.States)
 	if cap(p.cellState) < l.cells {
 		p.cellState = make([]pageState, l.cells)
 		p.marked = make([]bool, l.cells)
@@ -197,12 +210,12 @@ func (p *pagesPanel) deriveCells(l pageLayout) {
 	p.marked = p.marked[:l.cells]
 	clear(p.marked)
 	if l.group == 1 {
-		copy(p.cellState, pd.state)
+		copy(p.cellState, pd.States)
 	} else {
 		for c := range l.cells {
 			var count [numPageStates]int
 			for pg := c * l.group; pg < min((c+1)*l.group, n); pg++ {
-				count[pd.state[pg]]++
+				count[pd.States[pg]]++
 			}
 			p.cellState[c] = groupState(&count)
 		}
@@ -246,7 +259,7 @@ func (p pagesPanel) render(l pageLayout) string {
 	lines := 1
 	lw := 0
 	for s := range numPageStates {
-		item := fmt.Sprintf(" %s %s  ", pageStateNames[s], humanize.Comma(int64(pd.count[s])))
+		item := fmt.Sprintf(" %s %s  ", pageStateNames[s], humanize.Comma(int64(pd.Count[s])))
 		w := 1 + len([]rune(item))
 		if lw+w > p.width && lw > 0 && lines < l.legend {
 			lg.WriteByte('\n')
@@ -321,7 +334,7 @@ func (p pagesPanel) info(l pageLayout) []string {
 	if l.group > 1 {
 		var count [numPageStates]int
 		for pg := first; pg <= last; pg++ {
-			count[pd.state[pg]]++
+			count[pd.States[pg]]++
 		}
 		var mix []string
 		for s := range numPageStates {
@@ -332,19 +345,19 @@ func (p pagesPanel) info(l pageLayout) []string {
 		out = append(out, fmt.Sprintf("pages %d–%d: %s", first, last, strings.Join(mix, ", ")))
 		// Describe the first page of the group that is in use, if any.
 		for pg := first; pg <= last; pg++ {
-			if pd.state[pg] != pgFree {
+			if pd.States[pg] != pgFree {
 				page = int32(pg)
 				break
 			}
 		}
 	}
-	s := pd.state[page]
+	s := pd.States[page]
 	head := fmt.Sprintf("page %d · slots %d–%d · %s", page, int(page)*ps, int(page)*ps+ps-1, pageStateNames[s])
 	block := c.PageBlock(page)
 	if block < 0 {
 		return append(out, head)
 	}
-	users := pd.usersOf(block)
+	users := pd.BlockUsers(block)
 	head += fmt.Sprintf(" · block %d", block)
 	if len(users) > 0 {
 		// Blocks start on page boundaries, so a page's place in a user's page list gives
@@ -412,7 +425,7 @@ func (p pagesPanel) ownerAtCursor() string {
 	if b < 0 {
 		return ""
 	}
-	for _, seq := range p.w.pages().usersOf(b) {
+	for _, seq := range p.w.pages().BlockUsers(b) {
 		if r, ok := ownerOf(v, seq); ok {
 			return r.ID
 		}

@@ -113,8 +113,8 @@ func (p *prefixPanel) build() {
 		}
 	}
 	p.onPath = make(map[prefix.NodeID]bool)
-	if p.w.hasLastMatch {
-		for _, id := range p.w.lastMatch.Path {
+	if m, ok := p.w.view.LastMatch(); ok {
+		for _, id := range m.Path {
 			p.onPath[id] = true
 		}
 	}
@@ -166,8 +166,9 @@ func (p prefixPanel) render() string {
 		humanize.Comma(int64(ps.Inserts)), humanize.Comma(int64(ps.Forks)), humanize.Comma(int64(ps.Reuses)),
 		humanize.Comma(int64(ps.Evictions)), v.Config().PrefixCache), p.width-11))
 	b.WriteByte('\n')
-	if p.w.hasLastMatch {
-		m := p.w.lastMatch
+	last, hasLast := v.LastMatch()
+	if hasLast {
+		m := last
 		var what string
 		switch m.Match {
 		case prefix.Fork:
@@ -219,7 +220,7 @@ func (p prefixPanel) render() string {
 			t.WriteString(" · " + seqText(v, s))
 		}
 		if p.onPath[n.ID] {
-			t.WriteString("  ◀ " + string(p.w.lastMatch.Match.String()))
+			t.WriteString("  ◀ " + last.Match.String())
 		}
 		text := pad(t.String(), p.width)
 		b.WriteByte('\n')

@@ -189,17 +189,15 @@ func (p *requestsPanel) buildRows() {
 	if v == nil {
 		return
 	}
-	pd := p.w.pages()
+	sts := v.Statuses()
 	now := v.Stamp()
 	limit := v.Config().PreparedAgeLimit.Milliseconds()
 	for i, r := range v.Requests() {
-		row := reqRow{r: r, order: i, pages: -1, kv: -1}
-		row.label, row.rank = stateLabel(v, r)
-		row.stuck = isStuck(v, r, now.At, limit)
+		st := sts[i]
+		row := reqRow{r: r, order: i, pages: st.Pages, kv: -1}
+		row.label, row.rank = st.Condition.String(), int(st.Condition)
+		row.stuck = st.Stuck
 		row.hazard = len(r.Hazards) > 0
-		if n, ok := pd.requestPages(i); ok {
-			row.pages = n
-		}
 		if r.Reserved > 0 {
 			row.kv = r.Received * 1000 / r.Reserved
 		}
@@ -274,7 +272,7 @@ func (p *requestsPanel) sortRows() {
 // bucketSort orders rows stuck first, then by state rank, keeping arrival order within
 // each: the default order, in linear time.
 func bucketSort(rows, dst []reqRow) []reqRow {
-	const ranks = 9
+	const ranks = int(engine.NumConditions)
 	var count [2 * ranks]int
 	bucket := func(r *reqRow) int {
 		b := min(r.rank, ranks-1)
@@ -297,32 +295,6 @@ func bucketSort(rows, dst []reqRow) []reqRow {
 		count[b]++
 	}
 	return out
-}
-
-// stateLabel names a request's state for the table, and ranks it for sorting.
-func stateLabel(v *engine.View, r *engine.RequestView) (string, int) {
-	switch r.State {
-	case engine.StateWaiting:
-		if _, ok := v.Blocked(r); ok {
-			return "blocked", 0
-		}
-		return "waiting", 1
-	case engine.StatePrepared:
-		return "prepared", 2
-	case engine.StateKVComplete:
-		return "kv-complete", 3
-	case engine.StateRunning:
-		if r.Pending > 0 {
-			return "prefilling", 4
-		}
-		return "running", 5
-	case engine.StateAborted, engine.StatePreempted:
-		if r.Leaked {
-			return "leaked", 6
-		}
-		return r.State.String(), 7
-	}
-	return r.State.String(), 8
 }
 
 // why says in a few words what a request is doing or waiting for.
