@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -12,37 +13,81 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvtop/kvtop/engine"
-	"github.com/kvtop/kvtop/engine/pages"
 	"github.com/kvtop/kvtop/engine/prepare"
+	"github.com/kvtop/kvtop/engine/runner"
 )
 
-// The states a page is counted in by kvtop_kv_pages. Every page is in exactly one.
-var pageStates = [...]string{
-	"free",      // on the free list
-	"active",    // held by one sequence of a running (or just finished) request
-	"reserved",  // held by one sequence of a prepared request: KV arriving or awaiting start_generate
-	"shared",    // in a block two or more sequences share (a forked prefix)
-	"recycling", // held by a finished sequence kept for reuse by the prefix cache
-	"leaked",    // held by the sequence of a prepared request that was aborted (as in MLC)
-}
-
-// Indexes of pageStates.
-const (
-	pageFree = iota
-	pageActive
-	pageReserved
-	pageShared
-	pageRecycling
-	pageLeaked
-)
-
-// metrics are the server's own counters; the engine's are read at scrape time.
+// metrics are the server's own counters, and the engine's state as /metrics reads it: a
+// View folded from a subscription of its own, so a scrape takes no snapshot and says what
+// the dashboard would.
 type metrics struct {
 	clients       atomic.Int64
 	droppedEvents atomic.Int64
 	sentEvents    atomic.Int64
 	resyncs       atomic.Int64
 	http          *prometheus.CounterVec
+
+	mu   sync.Mutex
+	sub  *runner.Subscription
+	view *engine.View // nil until the first snapshot, and after an event that did not fit
+}
+
+// follow folds the engine's updates into the metrics' View until ctx ends or the runner
+// stops, so that its mailbox never backs up between scrapes.
+func (m *metrics) follow(ctx context.Context, r *runner.Runner) {
+	sub := r.Subscribe()
+	m.mu.Lock()
+	m.sub = sub
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		m.sub = nil
+		m.mu.Unlock()
+		sub.Close()
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-sub.C():
+			if !ok {
+				return
+			}
+			m.mu.Lock()
+			m.catchUp()
+			m.mu.Unlock()
+		}
+	}
+}
+
+// catchUp folds what the subscription has pending. An event that does not fit the View
+// drops it and asks for a fresh snapshot. m.mu is held.
+func (m *metrics) catchUp() {
+	if m.sub != nil && !m.fold(m.sub.Take()) {
+		m.sub.Resync()
+	}
+}
+
+// fold applies an update; false means the View broke and a snapshot is needed.
+func (m *metrics) fold(u engine.Update) bool {
+	if u.Snapshot != nil {
+		v, err := engine.NewView(*u.Snapshot)
+		if err != nil {
+			m.view = nil
+			return false
+		}
+		m.view = v
+	}
+	if m.view == nil {
+		return len(u.Events) == 0
+	}
+	for _, ev := range u.Events {
+		if err := m.view.Apply(ev); err != nil {
+			m.view = nil
+			return false
+		}
+	}
+	return true
 }
 
 func (m *metrics) request(route string, status int) {
@@ -75,12 +120,13 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 }
 
 var (
-	descUp           = desc("kvtop_up", "1 when the engine answered this scrape, else 0.")
-	descPages        = desc("kvtop_kv_pages", "KV cache pages by state (model 0; every model is alike).", "state")
+	descUp           = desc("kvtop_up", "1 when the engine answered this scrape and the metrics follow its state, else 0.")
+	descPages        = desc("kvtop_kv_pages", "KV cache pages by state (model 0; every model is alike): free, active, shared, recycling, prepared (KV in, awaiting start_generate), awaiting-kv, partly-received, leaked.", "state")
 	descSeqLen       = desc("kvtop_kv_sequence_length_tokens", "TotalSequenceLength: tokens held by all sequences, a shared prefix once per sharer.")
 	descCapacity     = desc("kvtop_kv_capacity_tokens", "max_total_sequence_length.")
 	descRequests     = desc("kvtop_requests", "Requests in the engine's table by state (ended ones until retired).", "state")
 	descBlocked      = desc("kvtop_blocked_requests", "Waiting prepare-receive requests by the reason they are not admitted.", "reason")
+	descStuck        = desc("kvtop_stuck_requests", "Requests that need attention: blocked from admission, prepared past the age limit, or leaked.")
 	descBlockedTotal = desc("kvtop_prepare_blocked_total", "Prepare-receive blocked evaluations (a new reason or new numbers) by reason.", "reason")
 	descHitTokens    = desc("kvtop_prefix_hit_tokens_total", "Prompt tokens matched by the prefix cache.")
 	descQueryTokens  = desc("kvtop_prefix_query_tokens_total", "Prompt tokens looked up in the prefix cache.")
@@ -104,12 +150,12 @@ var (
 	descResyncs      = desc("kvtop_stream_resyncs_total", "Snapshots sent to stream clients after the first: drops and client resyncs.")
 )
 
-// collector reads the engine's state at scrape time, through one call on its goroutine.
+// collector reads the metrics' View at scrape time.
 type collector struct{ s *Server }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descUp, descPages, descSeqLen, descCapacity, descRequests, descBlocked,
-		descBlockedTotal, descHitTokens, descQueryTokens, descSteps, descHazards, descArrived, descAdmitted,
+		descStuck, descBlockedTotal, descHitTokens, descQueryTokens, descSteps, descHazards, descArrived, descAdmitted,
 		descStarted, descFinished, descAborted, descPreempted, descKVTokens, descGenerated, descRecycled,
 		descEvicted, descPaused, descRate, descClients, descDropped, descSent, descResyncs} {
 		ch <- d
@@ -132,41 +178,41 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descPaused, b2f(st.Paused))
 	gauge(descRate, st.Rate)
 
-	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
+	// A call on the engine's goroutine that does nothing: once it has run, the events of
+	// every call before this scrape have been published, and the View below folds them.
+	ctx, cancel := context.WithTimeout(s.ctx, 2*time.Second)
 	defer cancel()
-	var snap engine.Snapshot
-	var blocks []pages.BlockInfo
-	err := s.r.Do(ctx, func(e *engine.Engine, _ time.Time) error {
-		snap = e.Snapshot()
-		blocks = e.Cache().Blocks()
-		return nil
-	})
-	if err != nil {
+	answered := s.r.Do(ctx, func(*engine.Engine, time.Time) error { return nil }) == nil
+	s.metrics.mu.Lock()
+	defer s.metrics.mu.Unlock()
+	s.metrics.catchUp()
+	v := s.metrics.view
+	if v == nil || !answered {
 		gauge(descUp, 0)
+	} else {
+		gauge(descUp, 1)
+	}
+	if v == nil {
 		return
 	}
-	gauge(descUp, 1)
-	for state, n := range pageCounts(snap, blocks) {
-		gauge(descPages, float64(n), pageStates[state])
+	d := v.Derived()
+	for _, st := range engine.PageStates() {
+		gauge(descPages, float64(d.Pages[st]), st.String())
 	}
-	gauge(descSeqLen, float64(snap.Last.Counts.TotalSeqLen))
-	gauge(descCapacity, float64(snap.Config.MaxTotalSequenceLength))
-
-	byState := make(map[engine.RequestState]int)
-	for _, r := range snap.Requests {
-		byState[r.State]++
-	}
+	gauge(descSeqLen, float64(d.TotalSeqLen))
+	gauge(descCapacity, float64(v.Config().MaxTotalSequenceLength))
 	for _, st := range engine.States() {
-		gauge(descRequests, float64(byState[st]), st.String())
+		gauge(descRequests, float64(d.Requests[st]), st.String())
 	}
-	blocked := blockedCounts(snap)
+	t := v.Totals()
 	for _, r := range prepare.Reasons() {
-		gauge(descBlocked, float64(blocked[r]), r.String())
-		counter(descBlockedTotal, float64(snap.Totals.Blocked[r]), r.String())
+		gauge(descBlocked, float64(d.BlockedBy[r]), r.String())
+		counter(descBlockedTotal, float64(t.Blocked[r]), r.String())
 	}
-	t := snap.Totals
-	counter(descHitTokens, float64(snap.PrefixStats.HitTokens))
-	counter(descQueryTokens, float64(snap.PrefixStats.QueryTokens))
+	gauge(descStuck, float64(d.Stuck))
+	ps := v.PrefixStats()
+	counter(descHitTokens, float64(ps.HitTokens))
+	counter(descQueryTokens, float64(ps.QueryTokens))
 	for a := range t.Actions {
 		counter(descSteps, float64(t.Actions[a]), engine.Action(a).String())
 	}
@@ -190,71 +236,4 @@ func b2f(b bool) float64 {
 		return 1
 	}
 	return 0
-}
-
-// pageCounts counts pages by state (indexes of pageStates) from the engine's own records:
-// the free list, and for each block the sequences that use it, their owners and states.
-func pageCounts(snap engine.Snapshot, blocks []pages.BlockInfo) []int {
-	counts := make([]int, len(pageStates))
-	counts[pageFree] = len(snap.Pages.Free)
-	recycling := make(map[int64]bool, len(snap.Recycling))
-	for _, seq := range snap.Recycling {
-		recycling[seq] = true
-	}
-	owner := make(map[int64]string, len(snap.Owners))
-	for _, o := range snap.Owners {
-		owner[o.Seq] = o.ID
-	}
-	reqs := make(map[string]*engine.RequestView, len(snap.Requests))
-	for i := range snap.Requests {
-		reqs[snap.Requests[i].ID] = &snap.Requests[i]
-	}
-	for _, b := range blocks {
-		state := pageActive
-		switch {
-		case len(b.Seqs) > 1:
-			state = pageShared
-		case len(b.Seqs) == 1 && recycling[b.Seqs[0]]:
-			state = pageRecycling
-		case len(b.Seqs) == 1:
-			r := reqs[owner[b.Seqs[0]]]
-			switch {
-			case r == nil || r.Seq != b.Seqs[0]:
-			case r.State == engine.StatePrepared || r.State == engine.StateKVComplete:
-				state = pageReserved
-			case r.Leaked:
-				state = pageLeaked
-			}
-		}
-		counts[state] += len(b.Pages)
-	}
-	return counts
-}
-
-// blockedCounts counts the waiting prepare-receive requests by why they wait: the head's
-// own reason, and head-of-line for everyone behind a blocked head (as engine.View.Blocked
-// says).
-func blockedCounts(snap engine.Snapshot) map[prepare.Reason]int {
-	out := make(map[prepare.Reason]int)
-	reqs := make(map[string]*engine.RequestView, len(snap.Requests))
-	for i := range snap.Requests {
-		reqs[snap.Requests[i].ID] = &snap.Requests[i]
-	}
-	var head *engine.RequestView
-	for _, id := range snap.Waiting {
-		r := reqs[id]
-		if r == nil || r.State != engine.StateWaiting {
-			continue
-		}
-		if head == nil {
-			head = r
-			if r.Eval == nil {
-				return out // not evaluated yet: nothing is known to block
-			}
-			out[r.Eval.Reason]++
-			continue
-		}
-		out[prepare.ReasonHeadOfLine]++
-	}
-	return out
 }

@@ -49,7 +49,7 @@ func TestMetrics(t *testing.T) {
 	h.flow(t, "A", a, 2) // finished: its 41 tokens (3 pages) recycling
 	b := prompt(40, 2)
 	copy(b, a[:20])
-	h.prepRecv("B", b, -1, 2) // forks A at 20: 1 shared page, and 3 of its own, prepared
+	h.prepRecv("B", b, -1, 2) // forks A at 20: 1 shared page, and 2 of its own awaiting KV
 	h.prepRecv("C", prompt(40, 3), -1, 2)
 	h.post("/debug/abort", map[string]any{"user": "C"}) // C's 3 pages leak
 	h.pause()
@@ -64,8 +64,8 @@ func TestMetrics(t *testing.T) {
 	var snap engine.Snapshot
 	decode(t, h.snapshotJSON(), &snap)
 	total := 0.0
-	for _, st := range []string{"free", "active", "reserved", "shared", "recycling", "leaked"} {
-		total += m[`kvtop_kv_pages{state="`+st+`"}`]
+	for _, st := range engine.PageStates() {
+		total += m[`kvtop_kv_pages{state="`+st.String()+`"}`]
 	}
 	if int(total) != snap.Pages.NumPages {
 		t.Errorf("pages by state add up to %v, want %d", total, snap.Pages.NumPages)
@@ -74,7 +74,7 @@ func TestMetrics(t *testing.T) {
 		`kvtop_kv_pages{state="free"}`:                            float64(len(snap.Pages.Free)),
 		`kvtop_kv_pages{state="shared"}`:                          1,
 		`kvtop_kv_pages{state="recycling"}`:                       2,
-		`kvtop_kv_pages{state="reserved"}`:                        2,
+		`kvtop_kv_pages{state="awaiting-kv"}`:                     2,
 		`kvtop_kv_pages{state="leaked"}`:                          3,
 		`kvtop_requests{state="finished"}`:                        1,
 		`kvtop_requests{state="prepared"}`:                        1,

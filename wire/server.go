@@ -187,10 +187,14 @@ func NewServer(r *runner.Runner, opts Options) *Server {
 	m := s.mux["/metrics"]
 	m.handler = s.metricsHandler()
 	s.mux["/metrics"] = m
-	s.conns.Add(1)
+	s.conns.Add(2)
 	go func() {
 		defer s.conns.Done()
 		s.trace.run(s.ctx, r)
+	}()
+	go func() {
+		defer s.conns.Done()
+		s.metrics.follow(s.ctx, r)
 	}()
 	return s
 }
