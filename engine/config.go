@@ -12,7 +12,7 @@ import (
 // ErrBadConfig is returned by New for settings the engine cannot run with.
 var ErrBadConfig = errors.New("engine: bad configuration")
 
-// Config is the decode instance's configuration: MLC's engine settings (spec section 2, MLC
+// Config is the decode instance's configuration: MLC's engine settings (docs/mlc-differences.md, MLC
 // names in the comments) and kvtop's own options. Start from DefaultConfig.
 type Config struct {
 	PageSize                int `json:"page_size"`                  // kv_cache_page_size
@@ -48,11 +48,11 @@ type Config struct {
 	// start_generate after this long: a likely leak. Zero turns the hazard off.
 	PreparedAgeLimit time.Duration `json:"prepared_age_limit"`
 	// ReclaimAfter, when not zero, frees the KV of a prepared request (aborting it) and of an
-	// aborted request's leaked sequence after this long. MLC never does (spec 11); off by
+	// aborted request's leaked sequence after this long. MLC never does (docs/mlc-differences.md); off by
 	// default.
 	ReclaimAfter time.Duration `json:"reclaim_after"`
 	// ExcludeUnreceived keeps a prepared sequence's prompt out of the prefix cache until its
-	// KV has arrived, so nothing forks from KV that is not there. MLC does not (spec 11); off
+	// KV has arrived, so nothing forks from KV that is not there. MLC does not (docs/mlc-differences.md); off
 	// by default.
 	ExcludeUnreceived bool `json:"exclude_unreceived"`
 
@@ -89,7 +89,7 @@ func DefaultConfig() Config {
 // max_num_sequence allows running: MLC's default.
 const RecyclingAsBatch = -2
 
-// NumPages returns the page count the configuration gives (spec section 2).
+// NumPages returns the page count the configuration gives (docs/kv-cache.md).
 func (c Config) NumPages() int {
 	return pages.NumPagesFor(c.MaxTotalSequenceLength, c.PageSize, c.MaxNumSequence, false)
 }

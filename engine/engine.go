@@ -451,7 +451,7 @@ func (e *Engine) seqPages(seq int64) int {
 }
 
 // Step runs one scheduler turn: prepare-receive, then new-request prefill, then batch
-// decode; the first action that processes a request ends the step (spec section 6).
+// decode; the first action that processes a request ends the step (docs/lifecycle.md).
 func (e *Engine) Step(now time.Time) Ready {
 	e.setNow(now)
 	e.step++
@@ -969,7 +969,7 @@ func appendBounded[T any](s []T, v T, limit int) []T {
 	return append(s, v)
 }
 
-// Check verifies the engine's invariants (spec section 10 and the queue rules): every
+// Check verifies the engine's invariants (docs/kv-cache.md and the queue rules): every
 // model's cache is sound and alike, the prefix cache is sound and holds only sequences the
 // caches hold, every sequence has an owner, prepared requests are in neither queue and hold
 // exactly end tokens, and the queues hold what they should. It returns the first violation.

@@ -230,7 +230,7 @@ type PrefixChanged struct {
 }
 
 // HazardDetected fires when the engine sees something that MLC lets happen silently and that
-// usually means a bug in the router or the prefill instance (spec 11).
+// usually means a bug in the router or the prefill instance (docs/lifecycle.md).
 type HazardDetected struct {
 	Stamp
 	Hazard Hazard `json:"hazard"`

@@ -6,7 +6,7 @@ import (
 )
 
 // HazardKind names a hazard: something MLC lets happen silently that usually means a bug in
-// the router or the prefill instance (spec 11).
+// the router or the prefill instance (docs/lifecycle.md).
 type HazardKind uint8
 
 // The hazards.

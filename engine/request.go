@@ -11,7 +11,7 @@ import (
 	"github.com/kvtop/kvtop/engine/prepare"
 )
 
-// RequestState is where a request is in its life on the decode instance (spec section 1).
+// RequestState is where a request is in its life on the decode instance (docs/lifecycle.md).
 type RequestState uint8
 
 // The states, in lifecycle order.

@@ -34,7 +34,7 @@ type Config struct {
 	// Store must have been made for the same PageSize and NumPages.
 	Store Store
 
-	// SlidingWindow and AttentionSink are the model's sliding-window settings (spec 3.2).
+	// SlidingWindow and AttentionSink are the model's sliding-window settings (not modelled yet: docs/mlc-differences.md).
 	// Only -1 and 0 (no sliding window) are supported yet; other values are refused so that
 	// nothing silently behaves as if the window were not there.
 	SlidingWindow int

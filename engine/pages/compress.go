@@ -1,6 +1,6 @@
 package pages
 
-// Compress appends to dst the compressed append-position map of slots (spec 3.1):
+// Compress appends to dst the compressed append-position map of slots (docs/kv-cache.md):
 // [n, start_1, len_1, …, start_n, len_n], the slots in order cut into maximal runs of
 // consecutive slot numbers. No slots gives the literal [0].
 func Compress(dst []int64, slots []int64) []int64 {

@@ -198,7 +198,7 @@ func FromState(st State, store Store) (*Cache, error) {
 	return c, nil
 }
 
-// Check verifies the cache's invariants (spec 10.5 and the block rules of section 3): pages
+// Check verifies the cache's invariants (docs/kv-cache.md): pages
 // are conserved and each is owned once, reference counts match what points at each block,
 // every block holds ceil(length / page_size) pages and starts on a page boundary, and each
 // sequence's length is the sum of its chain. It returns the first violation.

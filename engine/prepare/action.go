@@ -8,14 +8,14 @@ import (
 	"github.com/kvtop/kvtop/engine/prefix"
 )
 
-// Config holds the engine settings admission reads (MLC's names, spec section 2).
+// Config holds the engine settings admission reads (MLC's names; docs/admission.md).
 type Config struct {
 	PageSize               int
 	MaxNumSequence         int
 	MaxTotalSequenceLength int
 	PrefillChunkSize       int
 	// Watermark is the number of pages prepare-receive leaves free: 400 in MLC, where it is
-	// hard-coded. kvtop makes it configurable (spec 11).
+	// hard-coded. kvtop makes it configurable (docs/mlc-differences.md).
 	Watermark int
 	// SpecFactor is spec_draft_length + 1 with speculative decoding on, else 1.
 	SpecFactor int
@@ -99,8 +99,8 @@ type Prepared struct {
 	End          int
 	Matched      int
 	Match        prefix.Result // Kind, Parent, Pop, Path, Candidates of the prefix match
-	// Metadata is the flattened append-position array of all models (spec 3.1) and Encoded
-	// its kv_append_metadata string (spec 8).
+	// Metadata is the flattened append-position array of all models and Encoded its
+	// kv_append_metadata string (docs/kv-cache.md).
 	Metadata []int64
 	Encoded  string
 	// PagesTaken is how many pages the admission took off the free list: those reserved,
@@ -115,8 +115,8 @@ type Prepared struct {
 	Evaluation Evaluation
 }
 
-// Admit runs the action for the prepare-receive request at the head of the line (spec
-// 5.1 and 5.3): running is the number of running requests with nothing left to prefill. It
+// Admit runs the action for the prepare-receive request at the head of the line
+// (docs/admission.md): running is the number of running requests with nothing left to prefill. It
 // evaluates admission, evicting recycling sequences while HasPrefillSpace fails, and when
 // the request passes, reserves its slots. The evaluation says why when it does not
 // (ev.Blocked()); the caller then stops admitting for this step, as MLC does. An admitted
@@ -168,7 +168,7 @@ func (a *Action) explain(ev *Evaluation) {
 	ev.Evictable = a.caches[0].PagesFreedByRemoving(rec)
 }
 
-// evaluate is admission (spec 5.1) for the request at the head of the line: the decode
+// evaluate is admission (docs/admission.md) for the request at the head of the line: the decode
 // guard, the window, then, while HasPrefillSpace(required, running, end) fails, eviction of
 // recycling sequences, then CanPrefill. The numbers are those after eviction.
 func (a *Action) evaluate(running int, req Request) Evaluation {
@@ -192,7 +192,7 @@ func (a *Action) evaluate(running int, req Request) Evaluation {
 	return ev
 }
 
-// reserve runs spec 5.3 for an admitted request: match, add, fork or reuse the KV sequence,
+// reserve is the body of the action for an admitted request, in MLC's order: match, add, fork or reuse the KV sequence,
 // reserve the slots P will write, and commit the extensions earlier steps queued.
 func (a *Action) reserve(req Request, ev Evaluation) Prepared {
 	end := ev.End

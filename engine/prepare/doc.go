@@ -1,10 +1,10 @@
 // Package prepare is MLC LLM's DisaggPrepareReceive action: admit waiting prepare-receive
-// requests in FIFO order while the paged KV cache has room (spec section 5.1), match each
+// requests in FIFO order while the paged KV cache has room (docs/admission.md), match each
 // against the prefix cache, reserve the slots a prefill instance will write, and answer with
-// the kv_append_metadata that says where (section 5.3, encoded as in section 8).
+// the kv_append_metadata that says where (encoded as docs/kv-cache.md says).
 //
 // It also explains a request that cannot be admitted: Blocked names the first predicate that
-// failed, with the numbers behind it (section 5.2).
+// failed, with the numbers behind it, from one table of predicates.
 //
 // # Imports
 //

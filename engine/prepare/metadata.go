@@ -14,7 +14,7 @@ import (
 var ErrBadMetadata = errors.New("prepare: bad kv_append_metadata")
 
 // Encode returns the kv_append_metadata string of a flattened append-position array, as MLC
-// writes it (spec 8): the array as compact JSON, prefixed by its byte length as an 8-byte
+// writes it (docs/kv-cache.md): the array as compact JSON, prefixed by its byte length as an 8-byte
 // little-endian unsigned integer, the whole in standard padded base64.
 // Encode([]int64{1, 0, 39}) is "CAAAAAAAAABbMSwwLDM5XQ==".
 func Encode(arr []int64) string {
@@ -124,7 +124,7 @@ type Metadata [][]pages.Run
 
 // Split cuts a flattened array into its per-model groups [n, start_1, len_1, …, start_n,
 // len_n]. Every run length must be at least 1 and every start at least 0, except that a
-// single unwritable slot of a sliding window is the run [-1, 1] (spec 3.2).
+// single unwritable slot of a sliding window is the run [-1, 1] (MLC's sliding window, not modelled yet).
 func Split(arr []int64) (Metadata, error) {
 	if len(arr) == 0 {
 		return nil, fmt.Errorf("%w: empty array", ErrBadMetadata)
