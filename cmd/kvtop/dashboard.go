@@ -63,7 +63,7 @@ The demo's scenarios (--scenario):
 	noColor := fs.Bool("no-color", false, "draw without colour (NO_COLOR in the environment does too)")
 	light := fs.Bool("light", false, "styles for a light terminal background")
 	mouse := fs.Bool("mouse", false, "scroll with the mouse wheel")
-	build := engineFlagsOver(fs)
+	build := engineFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return dc, err
 	}

@@ -9,16 +9,10 @@ import (
 )
 
 // engineFlags registers the engine settings shared by the demo and serve, and returns a
-// function that builds the validated configuration once the flags are parsed.
-func engineFlags(fs *flag.FlagSet) func() (engine.Config, float64, error) {
-	build := engineFlagsOver(fs)
-	return func() (engine.Config, float64, error) { return build(engine.DefaultConfig()) }
-}
-
-// engineFlagsOver is engineFlags for a base configuration other than the defaults (a
-// scenario's): the flags given on the command line are applied over the base, the others
-// leave it as it is.
-func engineFlagsOver(fs *flag.FlagSet) func(base engine.Config) (engine.Config, float64, error) {
+// function that builds the validated configuration once the flags are parsed: the flags
+// given on the command line are applied over a base (the defaults, or a scenario's), the
+// others leave it as it is.
+func engineFlags(fs *flag.FlagSet) func(base engine.Config) (engine.Config, float64, error) {
 	d := engine.DefaultConfig() // for the defaults --help shows
 	pageSize := fs.Int("page-size", d.PageSize, "KV cache page size in tokens (MLC's kv_cache_page_size)")
 	maxTotal := fs.Int("max-total-seq-len", d.MaxTotalSequenceLength,

@@ -102,7 +102,7 @@ func serveFlags(stderr io.Writer) (*flag.FlagSet, func() (serveOptions, error)) 
 	drive := fs.String("drive", "", "drive the server with a built-in scenario's simulated router and prefill instance, over HTTP: "+scenarioNames())
 	tracePath := fs.String("trace", "", "with --drive trace: the Mooncake-format JSONL file")
 	speed := fs.Float64("speed", 1, "with --drive trace: the time scale (2 replays twice as fast)")
-	buildEngine := engineFlagsOver(fs)
+	buildEngine := engineFlags(fs)
 	return fs, func() (serveOptions, error) {
 		base := engine.DefaultConfig()
 		var drivers []func(context.Context, string, string) error
