@@ -92,6 +92,7 @@ func (c Condition) String() string {
 
 // RequestStatus is what derivation says of one request.
 type RequestStatus struct {
+	State     RequestState
 	Condition Condition
 	// Blocked is why a waiting request is not admitted: its own reason at the head of the
 	// line, head-of-line behind it; ReasonNone otherwise.
@@ -102,6 +103,8 @@ type RequestStatus struct {
 	Stuck bool
 	// Pages is how many pages the request's sequence uses; -1 when it holds none.
 	Pages int
+	// Hazardous says a hazard was flagged on the request.
+	Hazardous bool
 }
 
 // Derived holds the counts derived from the engine's state: the dashboard's header, the
@@ -122,32 +125,31 @@ type Derived struct {
 
 // facts is what derivation reads of one request.
 type facts struct {
-	state  RequestState
-	seq    int64
-	leaked bool
-	// pending is the tail left to prefill; reason the admission evaluation's verdict, when
-	// the request has one (ReasonNone when not evaluated).
-	pending   int
-	evaluated bool
-	reason    prepare.Reason
-	admitted  int64
-	hazards   int
-	runs      []pages.Run // model 0's reserved runs
-	runRecv   []int       // slots received per run
+	state     RequestState
+	leaked    bool
+	evaluated bool // has an admission evaluation (only the head of the line does)
+	hazardous bool
+	reason    prepare.Reason // the evaluation's verdict
+	pending   int            // tail tokens left to prefill
+	admitted  int64          // when, engine time
 }
 
-// source is what derivation reads; Engine and View implement it over their own records.
+// source is what derivation reads; the engine and a View each provide it over their own
+// records (engineSource, viewSource).
 type source interface {
 	config() Config
 	now() int64 // engine time of the last event, Unix milliseconds
 	cache() *pages.Cache
 	recycling() []int64 // the recycling sequences
 	numRecycling() int
-	numRequests() int
-	facts(i int) facts // the i-th request of the table, in arrival order
-	// owns says whether the i-th request still holds its sequence (an ended one may have
-	// lost it to a reuse).
-	owns(i int) bool
+	// facts appends the facts of every request of the table, in arrival order, to dst.
+	facts(dst []facts) []facts
+	// holds returns the sequence the i-th request holds, if it still does (an ended one may
+	// have lost it to a reuse).
+	holds(i int) (int64, bool)
+	// reserved returns the i-th request's reserved runs of model 0 and the slots received
+	// in each.
+	reserved(i int) ([]pages.Run, []int)
 }
 
 // engineSource and viewSource read the engine's records and a View's for derivation.
@@ -161,35 +163,34 @@ func (e engineSource) now() int64          { return e.e.stamp.At }
 func (e engineSource) cache() *pages.Cache { return e.e.caches[0] }
 func (e engineSource) recycling() []int64  { return e.e.prefix.Recycling() }
 func (e engineSource) numRecycling() int   { return e.e.prefix.NumRecycling() }
-func (e engineSource) numRequests() int    { return len(e.e.order) }
-func (e engineSource) facts(i int) facts {
-	r := e.e.order[i]
-	f := facts{
-		state: r.state, seq: r.seq, leaked: r.leaked,
-		pending: r.pending, evaluated: r.eval != nil, admitted: r.admitted.At, hazards: len(r.hazards),
-		runRecv: r.kv.runRecv,
+
+func (e engineSource) facts(dst []facts) []facts {
+	for _, r := range e.e.order {
+		dst = append(dst, engineFacts(r))
 	}
+	return dst
+}
+
+func engineFacts(r *request) facts {
+	f := facts{state: r.state, leaked: r.leaked, evaluated: r.eval != nil, hazardous: len(r.hazards) > 0,
+		pending: r.pending, admitted: r.admitted.At}
 	if r.eval != nil {
 		f.reason = r.eval.Reason
-	}
-	if len(r.runs) > 0 {
-		f.runs = r.runs[0]
 	}
 	return f
 }
 
-func (e engineSource) owns(i int) bool {
+func (e engineSource) holds(i int) (int64, bool) {
 	r := e.e.order[i]
-	return r.seq >= 0 && e.e.seqOwner[r.seq] == r
+	return r.seq, r.seq >= 0 && e.e.seqOwner[r.seq] == r
 }
 
-func (v viewSource) owns(i int) bool {
-	r := v.v.order[i]
-	if r.Seq < 0 {
-		return false
+func (e engineSource) reserved(i int) ([]pages.Run, []int) {
+	r := e.e.order[i]
+	if len(r.runs) == 0 {
+		return nil, nil
 	}
-	id, ok := v.v.owners[r.Seq]
-	return ok && id == r.ID
+	return r.runs[0], r.kv.runRecv
 }
 
 func (v viewSource) config() Config      { return v.v.cfg }
@@ -197,74 +198,98 @@ func (v viewSource) now() int64          { return v.v.stamp.At }
 func (v viewSource) cache() *pages.Cache { return v.v.cache }
 func (v viewSource) recycling() []int64  { return v.v.recycling }
 func (v viewSource) numRecycling() int   { return len(v.v.recycling) }
-func (v viewSource) numRequests() int    { return len(v.v.order) }
-func (v viewSource) facts(i int) facts {
-	r := v.v.order[i]
-	f := facts{
-		state: r.State, seq: r.Seq, leaked: r.Leaked, pending: r.Pending, evaluated: r.Eval != nil,
-		admitted: r.Admitted.At, hazards: len(r.Hazards), runRecv: r.RunReceived,
+
+func (v viewSource) facts(dst []facts) []facts {
+	for _, r := range v.v.order {
+		f := facts{state: r.State, leaked: r.Leaked, evaluated: r.Eval != nil, hazardous: len(r.Hazards) > 0,
+			pending: r.Pending, admitted: r.Admitted.At}
+		if r.Eval != nil {
+			f.reason = r.Eval.Reason
+		}
+		dst = append(dst, f)
 	}
-	if r.Eval != nil {
-		f.reason = r.Eval.Reason
-	}
-	if len(r.Runs) > 0 {
-		f.runs = r.Runs[0]
-	}
-	return f
+	return dst
 }
 
-// statuses derives every request's status, in table order, into dst. Pages come from pm
-// when it is given.
-func statuses(src source, pm *PageMap, dst []RequestStatus) []RequestStatus {
-	dst = dst[:0]
-	n := src.numRequests()
-	// The head of the line is the first waiting prepare-receive request: requests arrive in
-	// table order and wait in it; the started ones the waiting queue also holds are running.
-	headBlocked := false
-	for i := range n {
-		if f := src.facts(i); f.state == StateWaiting {
-			headBlocked = f.evaluated
-			break
-		}
+func (v viewSource) holds(i int) (int64, bool) {
+	r := v.v.order[i]
+	if r.Seq < 0 {
+		return r.Seq, false
 	}
-	limit := src.config().PreparedAgeLimit.Milliseconds()
-	now := src.now()
-	for i := range n {
-		f := src.facts(i)
-		st := RequestStatus{Pages: -1}
-		switch f.state {
-		case StateWaiting:
-			st.Condition = CondWaiting
-			switch {
-			case f.evaluated:
-				st.Blocked = f.reason
-			case headBlocked:
-				st.Blocked = prepare.ReasonHeadOfLine
-			}
-			if st.Blocked != prepare.ReasonNone {
-				st.Condition, st.Stuck = CondBlocked, true
-			}
-		case StatePrepared, StateKVComplete:
-			st.Condition = CondPrepared
-			if f.state == StateKVComplete {
-				st.Condition = CondKVComplete
-			}
-			st.Stuck = limit > 0 && now-f.admitted >= limit
-		case StateRunning:
-			st.Condition = CondRunning
-			if f.pending > 0 {
-				st.Condition = CondPrefilling
-			}
-		case StateFinished:
-			st.Condition = CondFinished
-		case StatePreempted:
-			st.Condition = CondPreempted
-		case StateAborted:
-			st.Condition = CondAborted
+	id, ok := v.v.owners[r.Seq]
+	return r.Seq, ok && id == r.ID
+}
+
+func (v viewSource) reserved(i int) ([]pages.Run, []int) {
+	r := v.v.order[i]
+	if len(r.Runs) == 0 {
+		return nil, nil
+	}
+	return r.Runs[0], r.RunReceived
+}
+
+// classifier derives request statuses from facts, in table order: it remembers whether the
+// head of the line (the first waiting prepare-receive request: requests arrive in table order
+// and wait in it, the started ones the waiting queue also holds are running) is blocked,
+// which blocks every waiting request after it.
+type classifier struct {
+	limit, now            int64
+	headSeen, headBlocked bool
+}
+
+func newClassifier(cfg Config, now int64) classifier {
+	return classifier{limit: cfg.PreparedAgeLimit.Milliseconds(), now: now}
+}
+
+// status is the status of the next request of the table.
+func (c *classifier) status(f facts) RequestStatus {
+	st := RequestStatus{State: f.state, Pages: -1, Hazardous: f.hazardous}
+	switch f.state {
+	case StateWaiting:
+		if !c.headSeen {
+			c.headSeen, c.headBlocked = true, f.evaluated
 		}
-		if f.leaked {
-			st.Condition, st.Stuck = CondLeaked, true
+		st.Condition = CondWaiting
+		switch {
+		case f.evaluated:
+			st.Blocked = f.reason
+		case c.headBlocked:
+			st.Blocked = prepare.ReasonHeadOfLine
 		}
+		if st.Blocked != prepare.ReasonNone {
+			st.Condition, st.Stuck = CondBlocked, true
+		}
+	case StatePrepared, StateKVComplete:
+		st.Condition = CondPrepared
+		if f.state == StateKVComplete {
+			st.Condition = CondKVComplete
+		}
+		st.Stuck = c.limit > 0 && c.now-f.admitted >= c.limit
+	case StateRunning:
+		st.Condition = CondRunning
+		if f.pending > 0 {
+			st.Condition = CondPrefilling
+		}
+	case StateFinished:
+		st.Condition = CondFinished
+	case StatePreempted:
+		st.Condition = CondPreempted
+	case StateAborted:
+		st.Condition = CondAborted
+	}
+	if f.leaked {
+		st.Condition, st.Stuck = CondLeaked, true
+	}
+	return st
+}
+
+// statuses derives every request's status from its facts, in table order, into dst. Pages
+// come from pm when it is given.
+func statuses(cfg Config, now int64, fs []facts, pm *PageMap, dst []RequestStatus) []RequestStatus {
+	dst = dst[:0]
+	c := newClassifier(cfg, now)
+	for i, f := range fs {
+		st := c.status(f)
 		if pm != nil {
 			if p, ok := pm.RequestPages(i); ok {
 				st.Pages = p
@@ -275,26 +300,28 @@ func statuses(src source, pm *PageMap, dst []RequestStatus) []RequestStatus {
 	return dst
 }
 
-// derive counts what the statuses and the page map say.
-func derive(src source, sts []RequestStatus, pm *PageMap) Derived {
-	c := src.cache()
-	d := Derived{Counts: Counts{
-		FreePages:   c.NumAvailablePages(),
-		TotalSeqLen: c.TotalSequenceLength(),
-		Recycling:   src.numRecycling(),
-	}}
-	for i, st := range sts {
-		f := src.facts(i)
-		d.Requests[f.state]++
-		d.Conditions[st.Condition]++
-		d.BlockedBy[st.Blocked]++
-		if st.Stuck {
-			d.Stuck++
-		}
-		if f.hazards > 0 {
-			d.Hazardous++
-		}
+// tally counts statuses into a Derived.
+type tally struct{ d Derived }
+
+func (t *tally) add(st RequestStatus) {
+	t.d.Requests[st.State]++
+	t.d.Conditions[st.Condition]++
+	t.d.BlockedBy[st.Blocked]++
+	if st.Stuck {
+		t.d.Stuck++
 	}
+	if st.Hazardous {
+		t.d.Hazardous++
+	}
+}
+
+// done completes the counts with the cache's: the derived counts of everything tallied.
+func (t *tally) done(src source, pm *PageMap) Derived {
+	d := t.d
+	c := src.cache()
+	d.FreePages = c.NumAvailablePages()
+	d.TotalSeqLen = c.TotalSequenceLength()
+	d.Recycling = src.numRecycling()
 	d.BlockedBy[prepare.ReasonNone] = 0
 	d.Waiting = d.Requests[StateWaiting]
 	d.Blocked = d.Conditions[CondBlocked]
@@ -308,10 +335,33 @@ func derive(src source, sts []RequestStatus, pm *PageMap) Derived {
 	return d
 }
 
-// counts derives the gauges a step closes with, without the page map.
-func counts(src source, scratch []RequestStatus) (Counts, []RequestStatus) {
-	sts := statuses(src, nil, scratch)
-	return derive(src, sts, nil).Counts, sts
+// derive counts what the statuses and the page map say.
+func derive(src source, sts []RequestStatus, pm *PageMap) Derived {
+	var t tally
+	for _, st := range sts {
+		t.add(st)
+	}
+	return t.done(src, pm)
+}
+
+// all derives everything of an engine, the page map included.
+func (e *Engine) derive() Derived {
+	src := engineSource{e}
+	fs := src.facts(nil)
+	var pm PageMap
+	pm.build(src, fs)
+	return derive(src, statuses(e.cfg, src.now(), fs, &pm, nil), &pm)
+}
+
+// counts derives the gauges a step closes with: the same classification and tally as
+// derive, in one pass over the table, with no page map and nothing stored.
+func (e *Engine) counts() Counts {
+	c := newClassifier(e.cfg, e.stamp.At)
+	var t tally
+	for _, r := range e.order {
+		t.add(c.status(engineFacts(r)))
+	}
+	return t.done(engineSource{e}, nil).Counts
 }
 
 // PageMap is what every page of the KV cache is doing, and which sequences use which
@@ -375,8 +425,8 @@ func grow[T any](s []T, i int) []T {
 	return append(s, make([]T, i+1-len(s))...)
 }
 
-// build derives the page map from src, reusing pm's buffers.
-func (pm *PageMap) build(src source) {
+// build derives the page map from src and its requests' facts, reusing pm's buffers.
+func (pm *PageMap) build(src source, fs []facts) {
 	c := src.cache()
 	n := c.NumPages()
 	pm.States = slices.Grow(pm.States[:0], n)[:n]
@@ -384,7 +434,7 @@ func (pm *PageMap) build(src source) {
 	clear(pm.users)
 	clear(pm.nonRec)
 	clear(pm.blockPages)
-	pm.listSeqs(src)
+	pm.listSeqs(src, fs)
 	for i := range pm.seqs {
 		role := pm.roles[i]
 		for _, b := range pm.chains[pm.chainAt[i]:pm.chainAt[i+1]] {
@@ -432,15 +482,15 @@ func (pm *PageMap) build(src source) {
 	// A prepared request's reserved runs: awaiting or partly received by the count of its
 	// run's slots received (a View knows how many per run, not which).
 	ps := int64(c.PageSize())
-	for j := range src.numRequests() {
-		f := src.facts(j)
+	for j, f := range fs {
 		if f.state != StatePrepared {
 			continue
 		}
-		for i, run := range f.runs {
+		runs, recv := src.reserved(j)
+		for i, run := range runs {
 			got := 0
-			if i < len(f.runRecv) {
-				got = f.runRecv[i]
+			if i < len(recv) {
+				got = recv[i]
 			}
 			st := PageAwaiting
 			switch {
@@ -469,7 +519,7 @@ func (pm *PageMap) build(src source) {
 // requests and the recycling list, which hold them all (the engine keeps a leaked request
 // while its sequence lives), noting which request holds which. Should the list ever miss
 // one, it falls back to the cache's own list, which costs a sort.
-func (pm *PageMap) listSeqs(src source) {
+func (pm *PageMap) listSeqs(src source, fs []facts) {
 	c := src.cache()
 	pm.seqs, pm.reqSeq, pm.roles = pm.seqs[:0], pm.reqSeq[:0], pm.roles[:0]
 	pm.chainAt, pm.chains = pm.chainAt[:0], pm.chains[:0]
@@ -498,10 +548,9 @@ func (pm *PageMap) listSeqs(src source) {
 	for _, s := range rec {
 		add(s, roleRecycling)
 	}
-	for j := range src.numRequests() {
-		f := src.facts(j)
+	for j, f := range fs {
 		i := int32(-1)
-		if src.owns(j) {
+		if seq, ok := src.holds(j); ok {
 			role := roleLive
 			switch {
 			case f.leaked:
@@ -509,7 +558,7 @@ func (pm *PageMap) listSeqs(src source) {
 			case f.state == StatePrepared || f.state == StateKVComplete:
 				role = rolePrepared
 			}
-			i = add(f.seq, role)
+			i = add(seq, role)
 		}
 		pm.reqSeq = append(pm.reqSeq, i)
 	}
@@ -524,10 +573,10 @@ func (pm *PageMap) listSeqs(src source) {
 		for _, s := range c.SequenceIDs() {
 			add(s, roles[s])
 		}
-		for j := range src.numRequests() {
+		for j := range fs {
 			pm.reqSeq[j] = -1
-			if src.owns(j) {
-				if i, ok := pm.listed[src.facts(j).seq]; ok {
+			if seq, ok := src.holds(j); ok {
+				if i, ok := pm.listed[seq]; ok {
 					pm.reqSeq[j] = i
 				}
 			}

@@ -158,7 +158,7 @@ func TestPageMapAgreesWithTheCacheBlocks(t *testing.T) {
 		checked := 0
 		traffic(t, cfg, uint64(i), 150, func(e *Engine, _ []Event) {
 			var pm PageMap
-			pm.build(engineSource{e})
+			pm.build(engineSource{e}, engineSource{e}.facts(nil))
 			want := referencePages(e)
 			for pg := range want {
 				if pm.States[pg] != want[pg] {
@@ -211,9 +211,10 @@ func TestViewDerivesWhatTheEngineDoes(t *testing.T) {
 			t.Fatalf("step %d: the view derives %+v, the engine %+v", e.StepNumber(), got, want)
 		}
 		src := engineSource{e}
+		fs := src.facts(nil)
 		var pm PageMap
-		pm.build(src)
-		want := statuses(src, &pm, nil)
+		pm.build(src, fs)
+		want := statuses(cfg, src.now(), fs, &pm, nil)
 		for i, st := range v.Statuses() {
 			if st != want[i] {
 				t.Fatalf("step %d: %s: the view says %+v, the engine %+v", e.StepNumber(), e.order[i].id, st, want[i])
@@ -295,11 +296,12 @@ func bigEngine(tb testing.TB) *Engine {
 func BenchmarkPageMap(b *testing.B) {
 	e := bigEngine(b)
 	src := engineSource{e}
+	fs := src.facts(nil)
 	b.Run("chains", func(b *testing.B) {
 		var pm PageMap
 		b.ReportAllocs()
 		for b.Loop() {
-			pm.build(src)
+			pm.build(src, fs)
 		}
 	})
 	b.Run("cache-blocks", func(b *testing.B) {

@@ -65,8 +65,6 @@ type Engine struct {
 	tokens   []Token
 	extQueue []*request // prompt extensions to queue after the step
 	scratch  []int64
-
-	statusScratch []RequestStatus
 }
 
 // Totals are the engine's counters since it started.
@@ -474,7 +472,7 @@ func (e *Engine) Step(now time.Time) Ready {
 	e.totals.Steps++
 	e.totals.Actions[sc.Action]++
 	sc.Stamp = e.mark()
-	sc.Counts, e.statusScratch = counts(engineSource{e}, e.statusScratch)
+	sc.Counts = e.counts()
 	e.last = sc
 	e.emit(sc)
 	rd := Ready{Step: e.step, Now: e.now, Action: sc.Action, Events: e.out, Tokens: e.tokens}

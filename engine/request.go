@@ -66,13 +66,19 @@ func States() []RequestState {
 // Ended reports whether the request is over.
 func (s RequestState) Ended() bool { return s >= StateFinished }
 
-// request is the engine's record of one request.
+// request is the engine's record of one request. The fields derivation reads on every step
+// (derive.go) come first, so that they share a cache line.
 type request struct {
+	state     RequestState
+	leaked    bool
+	pending   int // tail tokens left to prefill
+	eval      *prepare.Evaluation
+	hazards   []HazardKind
+	admitted  Stamp
 	id        string
 	prompt    []int32
 	end       int
 	maxTokens int
-	state     RequestState
 
 	seq     int64 // -1 until admitted
 	matched int
@@ -85,19 +91,15 @@ type request struct {
 
 	extQueued bool // the prompt's prefix-cache extension has been queued
 
-	pending   int // tail tokens left to prefill
 	tailPos   int // next prompt position the tail prefill covers
 	generated int // tokens generated (the committed last prompt token counts)
 	streamed  int // tokens handed to the client (the committed one is not)
 	lastToken int32
 
-	arrived, admitted, started, ended Stamp
-	eval                              *prepare.Evaluation
-	leaked                            bool
-	finishReason                      string
-	ageFlagged                        bool
-	hazards                           []HazardKind
-	history                           []Mark
+	arrived, started, ended Stamp
+	finishReason            string
+	ageFlagged              bool
+	history                 []Mark
 }
 
 // Mark is one line of a request's timeline.

@@ -108,12 +108,7 @@ func (e *Engine) Snapshot() Snapshot {
 }
 
 // Derived returns what the engine's state means in counts, pages included (derive.go).
-func (e *Engine) Derived() Derived {
-	src := engineSource{e}
-	var pm PageMap
-	pm.build(src)
-	return derive(src, statuses(src, &pm, nil), &pm)
-}
+func (e *Engine) Derived() Derived { return e.derive() }
 
 // snapshotParts are what a snapshot is made of. The engine and a View each fill them from
 // their own records; build makes the one Snapshot form of both, copying what they share.
@@ -248,6 +243,8 @@ type View struct {
 	// What is derived from the view (derive.go), kept until what it depends on changes:
 	// the page map until an event that moves pages, the rest until any event.
 	pagesVersion uint64
+	fs           []facts
+	fsVersion    uint64
 	pm           PageMap
 	pmVersion    uint64
 	sts          []RequestStatus
@@ -415,10 +412,19 @@ func (v *View) PagesVersion() uint64 { return v.pagesVersion }
 // has been applied since. Read it; do not change it.
 func (v *View) PageMap() *PageMap {
 	if v.pmVersion != v.pagesVersion {
-		v.pm.build(viewSource{v})
+		v.pm.build(viewSource{v}, v.facts())
 		v.pmVersion = v.pagesVersion
 	}
 	return &v.pm
+}
+
+// facts returns the requests' facts as of the view's version.
+func (v *View) facts() []facts {
+	if v.fsVersion != v.version {
+		v.fs = viewSource{v}.facts(v.fs[:0])
+		v.fsVersion = v.version
+	}
+	return v.fs
 }
 
 // Statuses returns each request's status, in the order of Requests. Read it; do not change
@@ -459,10 +465,9 @@ func (v *View) refreshDerived() {
 	if v.dVersion == v.version {
 		return
 	}
-	src := viewSource{v}
 	pm := v.PageMap()
-	v.sts = statuses(src, pm, v.sts)
-	v.derived = derive(src, v.sts, pm)
+	v.sts = statuses(v.cfg, v.stamp.At, v.facts(), pm, v.sts)
+	v.derived = derive(viewSource{v}, v.sts, pm)
 	v.dVersion = v.version
 }
 
