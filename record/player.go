@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // maxGap caps how long playback waits between two recorded moments, so an idle stretch of
@@ -21,14 +22,14 @@ type Player struct {
 	name string
 
 	signal chan struct{}
-	ctrl   chan engine.Control
+	ctrl   chan feed.Control
 	done   chan struct{}
 	cancel context.CancelFunc
 
 	mu      sync.Mutex
-	pending engine.Update
-	status  engine.Status
-	link    engine.Link
+	pending feed.Update
+	status  feed.Status
+	link    feed.Link
 }
 
 // NewPlayer returns a player for rec, starting paused at the first snapshot when paused is
@@ -41,10 +42,10 @@ func NewPlayer(rec *Recording, name string, speed float64, paused bool) *Player 
 		rec:    rec,
 		name:   name,
 		signal: make(chan struct{}, 1),
-		ctrl:   make(chan engine.Control, 16),
+		ctrl:   make(chan feed.Control, 16),
 		done:   make(chan struct{}),
-		status: engine.Status{Paused: paused, Rate: speed, Target: speed, Controllable: true},
-		link:   engine.Link{Name: "replay " + name, State: engine.LinkUp},
+		status: feed.Status{Paused: paused, Rate: speed, Target: speed, Controllable: true},
+		link:   feed.Link{Name: "replay " + name, State: feed.LinkUp},
 	}
 	return p
 }
@@ -56,11 +57,11 @@ func (p *Player) Run(ctx context.Context) {
 	items := p.rec.items
 	view, err := engine.NewView(*items[0].snap)
 	if err != nil {
-		p.setLink(engine.LinkClosed, err.Error())
+		p.setLink(feed.LinkClosed, err.Error())
 		return
 	}
 	snap := *items[0].snap
-	p.push(engine.Update{Snapshot: &snap})
+	p.push(feed.Update{Snapshot: &snap})
 	pos := 1
 	recNow := items[0].at
 	// While paused, a step request plays everything stamped up to target: an engine step
@@ -89,7 +90,7 @@ func (p *Player) Run(ctx context.Context) {
 			wait = time.Duration(float64(wait) / speed)
 		}
 		if atEnd {
-			p.setLink(engine.LinkUp, fmt.Sprintf("end of the recording at step %d", items[len(items)-1].step))
+			p.setLink(feed.LinkUp, fmt.Sprintf("end of the recording at step %d", items[len(items)-1].step))
 		}
 		if wait != 0 {
 			fired := false
@@ -100,30 +101,30 @@ func (p *Player) Run(ctx context.Context) {
 			}
 			select {
 			case <-ctx.Done():
-				p.setLink(engine.LinkClosed, "")
+				p.setLink(feed.LinkClosed, "")
 				close(p.signal)
 				return
 			case c := <-p.ctrl:
 				switch c.Op {
-				case engine.ControlPause:
-					p.setStatus(func(s *engine.Status) { s.Paused = true })
-				case engine.ControlResume:
+				case feed.ControlPause:
+					p.setStatus(func(s *feed.Status) { s.Paused = true })
+				case feed.ControlResume:
 					stepping = false
-					p.setStatus(func(s *engine.Status) { s.Paused = false })
-				case engine.ControlStep:
+					p.setStatus(func(s *feed.Status) { s.Paused = false })
+				case feed.ControlStep:
 					if !stepping {
 						target = cur
 					}
 					stepping, target = true, target+uint64(c.N)
-				case engine.ControlSpeed:
-					p.setStatus(func(s *engine.Status) { s.Target = float64(c.N) / 100; s.Rate = s.Target })
-				case engine.ControlSnapshot:
+				case feed.ControlSpeed:
+					p.setStatus(func(s *feed.Status) { s.Target = float64(c.N) / 100; s.Rate = s.Target })
+				case feed.ControlSnapshot:
 					s := view.Snapshot()
 					p.replace(&s)
-				case engine.ControlSeek:
+				case feed.ControlSeek:
 					v, next, err := p.rec.StateAt(uint64(c.N))
 					if err != nil {
-						p.setLink(engine.LinkUp, err.Error())
+						p.setLink(feed.LinkUp, err.Error())
 						break
 					}
 					view, pos, stepping = v, next, false
@@ -133,7 +134,7 @@ func (p *Player) Run(ctx context.Context) {
 					}
 					s := view.Snapshot()
 					p.replace(&s)
-					p.setStatus(func(s *engine.Status) { s.Paused = true })
+					p.setStatus(func(s *feed.Status) { s.Paused = true })
 				}
 			case <-tick:
 				fired = true
@@ -157,13 +158,13 @@ func (p *Player) Run(ctx context.Context) {
 			continue
 		}
 		if err := view.Apply(it.ev); err != nil {
-			p.setLink(engine.LinkUp, err.Error())
+			p.setLink(feed.LinkUp, err.Error())
 		}
-		p.push(engine.Update{Events: []engine.Event{it.ev}})
+		p.push(feed.Update{Events: []engine.Event{it.ev}})
 	}
 }
 
-func (p *Player) push(u engine.Update) {
+func (p *Player) push(u feed.Update) {
 	p.mu.Lock()
 	if u.Snapshot != nil {
 		p.pending.Snapshot = u.Snapshot
@@ -175,9 +176,9 @@ func (p *Player) push(u engine.Update) {
 }
 
 // replace drops what is pending for a fresh state.
-func (p *Player) replace(s *engine.Snapshot) { p.push(engine.Update{Snapshot: s}) }
+func (p *Player) replace(s *engine.Snapshot) { p.push(feed.Update{Snapshot: s}) }
 
-func (p *Player) setStatus(f func(*engine.Status)) {
+func (p *Player) setStatus(f func(*feed.Status)) {
 	p.mu.Lock()
 	f(&p.status)
 	st := p.status
@@ -186,7 +187,7 @@ func (p *Player) setStatus(f func(*engine.Status)) {
 	p.notify()
 }
 
-func (p *Player) setLink(state engine.LinkState, msg string) {
+func (p *Player) setLink(state feed.LinkState, msg string) {
 	p.mu.Lock()
 	changed := p.link.State != state || p.link.Err != msg
 	p.link.State, p.link.Err = state, msg
@@ -207,17 +208,17 @@ func (p *Player) notify() {
 func (p *Player) C() <-chan struct{} { return p.signal }
 
 // Take returns what is pending.
-func (p *Player) Take() engine.Update {
+func (p *Player) Take() feed.Update {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	u := p.pending
 	u.Dropped = p.rec.Dropped
-	p.pending = engine.Update{}
+	p.pending = feed.Update{}
 	return u
 }
 
 // Control pauses, resumes, steps, changes speed, seeks or resends the state.
-func (p *Player) Control(c engine.Control) error {
+func (p *Player) Control(c feed.Control) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
@@ -230,7 +231,7 @@ func (p *Player) Control(c engine.Control) error {
 }
 
 // Link reports the recording's name, and the end of it when reached.
-func (p *Player) Link() engine.Link {
+func (p *Player) Link() feed.Link {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.link

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/wire"
 )
 
@@ -38,7 +39,7 @@ func NewRecorder(w io.WriteCloser) *Recorder {
 }
 
 // Write records one update: its drop notice, snapshot, events and status, as frames.
-func (r *Recorder) Write(u engine.Update) error {
+func (r *Recorder) Write(u feed.Update) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.err != nil {

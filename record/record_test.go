@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/sim"
 )
 
@@ -33,13 +34,13 @@ func live(t *testing.T, steps int) ([]byte, map[uint64]engine.Snapshot) {
 	var buf bytes.Buffer
 	rec := NewRecorder(nopCloser{&buf})
 	s0 := e.Snapshot()
-	if err := rec.Write(engine.Update{Snapshot: &s0}); err != nil {
+	if err := rec.Write(feed.Update{Snapshot: &s0}); err != nil {
 		t.Fatal(err)
 	}
 	snaps := map[uint64]engine.Snapshot{}
 	ls := &sim.Lockstep{E: e, D: sim.NewDriver(w, sc.Driver), StepTime: 50 * time.Millisecond}
 	ls.OnReady = func(rd engine.Ready) {
-		if err := rec.Write(engine.Update{Events: rd.Events}); err != nil {
+		if err := rec.Write(feed.Update{Events: rd.Events}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -47,7 +48,7 @@ func live(t *testing.T, steps int) ([]byte, map[uint64]engine.Snapshot) {
 	// belong to step N: the state "at step N" is the engine's just before step N+1.
 	ls.BeforeStep = func() {
 		if evs := e.TakeEvents(); len(evs) > 0 {
-			if err := rec.Write(engine.Update{Events: evs}); err != nil {
+			if err := rec.Write(feed.Update{Events: evs}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -55,7 +56,7 @@ func live(t *testing.T, steps int) ([]byte, map[uint64]engine.Snapshot) {
 		snaps[n] = e.Snapshot()
 		if n == uint64(steps/2) {
 			s := e.Snapshot()
-			if err := rec.Write(engine.Update{Snapshot: &s, Dropped: 7}); err != nil {
+			if err := rec.Write(feed.Update{Snapshot: &s, Dropped: 7}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -126,7 +127,7 @@ func TestPlayerStepsAndSeeks(t *testing.T) {
 			t.Fatalf("paused at the start: step %d, want 0", got)
 		}
 		for want := uint64(1); want <= 5; want++ {
-			if err := p.Control(engine.Control{Op: engine.ControlStep, N: 1}); err != nil {
+			if err := p.Control(feed.Control{Op: feed.ControlStep, N: 1}); err != nil {
 				t.Fatal(err)
 			}
 			take()
@@ -137,7 +138,7 @@ func TestPlayerStepsAndSeeks(t *testing.T) {
 				t.Fatalf("step %d: the played state differs from the engine's", want)
 			}
 		}
-		if err := p.Control(engine.Control{Op: engine.ControlSeek, N: 90}); err != nil {
+		if err := p.Control(feed.Control{Op: feed.ControlSeek, N: 90}); err != nil {
 			t.Fatal(err)
 		}
 		take()
@@ -145,8 +146,8 @@ func TestPlayerStepsAndSeeks(t *testing.T) {
 			t.Fatalf("after seeking to step 90: the state differs from the engine's at 90")
 		}
 		// Playing on at 10x runs to the end.
-		_ = p.Control(engine.Control{Op: engine.ControlSpeed, N: 1000})
-		_ = p.Control(engine.Control{Op: engine.ControlResume})
+		_ = p.Control(feed.Control{Op: feed.ControlSpeed, N: 1000})
+		_ = p.Control(feed.Control{Op: feed.ControlResume})
 		time.Sleep(time.Minute)
 		take()
 		if got := view.Last().Step; got != 121 {
@@ -155,7 +156,7 @@ func TestPlayerStepsAndSeeks(t *testing.T) {
 		if l := p.Link(); !strings.Contains(l.Err, "end of the recording") {
 			t.Errorf("Link() at the end = %+v", l)
 		}
-		if err := p.Control(engine.Control{Op: engine.ControlSeek, N: -1}); err == nil {
+		if err := p.Control(feed.Control{Op: feed.ControlSeek, N: -1}); err == nil {
 			t.Errorf("seek to -1 = nil, want an error")
 		}
 	})

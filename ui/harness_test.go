@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/pages"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // fakeSource is a Source fed by a test: push queues an update and signals, as a runner's
@@ -17,23 +18,23 @@ import (
 type fakeSource struct {
 	mu       sync.Mutex
 	c        chan struct{}
-	pending  engine.Update
+	pending  feed.Update
 	has      bool
 	closed   bool
 	readOnly bool
-	link     engine.Link
-	controls chan engine.Control
+	link     feed.Link
+	controls chan feed.Control
 }
 
 func newFakeSource() *fakeSource {
 	return &fakeSource{
 		c:        make(chan struct{}, 1),
-		link:     engine.Link{Name: "embedded", State: engine.LinkUp},
-		controls: make(chan engine.Control, 64),
+		link:     feed.Link{Name: "embedded", State: feed.LinkUp},
+		controls: make(chan feed.Control, 64),
 	}
 }
 
-func (f *fakeSource) push(u engine.Update) {
+func (f *fakeSource) push(u feed.Update) {
 	f.mu.Lock()
 	if f.pending.Snapshot == nil || u.Snapshot != nil {
 		if u.Snapshot != nil {
@@ -56,27 +57,27 @@ func (f *fakeSource) push(u engine.Update) {
 
 func (f *fakeSource) C() <-chan struct{} { return f.c }
 
-func (f *fakeSource) Take() engine.Update {
+func (f *fakeSource) Take() feed.Update {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	u := f.pending
-	f.pending = engine.Update{Dropped: u.Dropped}
+	f.pending = feed.Update{Dropped: u.Dropped}
 	f.has = false
 	return u
 }
 
-func (f *fakeSource) Control(c engine.Control) error {
+func (f *fakeSource) Control(c feed.Control) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	if f.readOnly && c.Op != engine.ControlSnapshot {
-		return engine.ErrReadOnly
+	if f.readOnly && c.Op != feed.ControlSnapshot {
+		return feed.ErrReadOnly
 	}
 	f.controls <- c
 	return nil
 }
 
-func (f *fakeSource) Link() engine.Link {
+func (f *fakeSource) Link() feed.Link {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.link
@@ -216,10 +217,10 @@ func (s *script) abort(id string) *script {
 }
 
 // update is everything so far as one update: the first snapshot and every event since.
-func (s *script) update() engine.Update {
+func (s *script) update() feed.Update {
 	snap := s.snap
-	return engine.Update{Snapshot: &snap, Events: s.events,
-		Status: &engine.Status{Rate: 20, Target: 20, Controllable: true}}
+	return feed.Update{Snapshot: &snap, Events: s.events,
+		Status: &feed.Status{Rate: 20, Target: 20, Controllable: true}}
 }
 
 // watermark is spec 9 example 8: 513 pages, 40 prompts of 40 tokens; 37 are admitted in
@@ -276,8 +277,8 @@ func busy(tb testing.TB) *script {
 	return s
 }
 
-// feed builds a model on a fake source and folds s's update into it, at a size.
-func feed(tb testing.TB, s *script, opts Options, w, h int) (*Model, *fakeSource) {
+// feedModel builds a model on a fake source and folds s's update into it, at a size.
+func feedModel(tb testing.TB, s *script, opts Options, w, h int) (*Model, *fakeSource) {
 	tb.Helper()
 	src := newFakeSource()
 	m := New(src, opts)
@@ -292,8 +293,8 @@ func feed(tb testing.TB, s *script, opts Options, w, h int) (*Model, *fakeSource
 func (s *script) mark() int { return len(s.events) }
 
 // delta is the events made since a mark, as one update.
-func (s *script) delta(from int) engine.Update {
-	return engine.Update{Events: append([]engine.Event(nil), s.events[from:]...)}
+func (s *script) delta(from int) feed.Update {
+	return feed.Update{Events: append([]engine.Event(nil), s.events[from:]...)}
 }
 
 func sizeMsg(w, h int) tea.WindowSizeMsg { return tea.WindowSizeMsg{Width: w, Height: h} }

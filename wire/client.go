@@ -17,7 +17,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // Errors of the client.
@@ -86,10 +86,10 @@ type Client struct {
 	signal chan struct{}
 
 	mu      sync.Mutex
-	pending engine.Update
+	pending feed.Update
 	n       int // events pending
 	dropped uint64
-	link    engine.Link
+	link    feed.Link
 	conn    *websocket.Conn // nil between connections
 	hello   *Hello
 	closed  bool // signal is closed
@@ -137,7 +137,7 @@ func newClient(target string, opts ClientOptions) (*Client, error) {
 	return &Client{
 		url: u, opts: opts.withDefaults(), ctx: ctx, cancel: cancel,
 		done: make(chan struct{}), signal: make(chan struct{}, 1),
-		link: engine.Link{Name: pu.Host, State: engine.LinkConnecting},
+		link: feed.Link{Name: pu.Host, State: feed.LinkConnecting},
 	}, nil
 }
 
@@ -177,38 +177,38 @@ func (c *Client) C() <-chan struct{} { return c.signal }
 
 // Take returns everything pending: a snapshot to start over from (when set), then events in
 // order, the latest status, and the events lost so far.
-func (c *Client) Take() engine.Update {
+func (c *Client) Take() feed.Update {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	u := c.pending
 	u.Dropped = c.dropped
-	c.pending = engine.Update{}
+	c.pending = feed.Update{}
 	c.n = 0
 	return u
 }
 
 // Link says which server the client is attached to and how the connection stands.
-func (c *Client) Link() engine.Link {
+func (c *Client) Link() feed.Link {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.link
 }
 
 // Control sends a control to the server: a snapshot request always; pause, resume and step
-// only when the server's hello allowed control (else engine.ErrReadOnly). It does not wait
+// only when the server's hello allowed control (else feed.ErrReadOnly). It does not wait
 // for the effect, which comes back as a status frame or a snapshot.
-func (c *Client) Control(ctl engine.Control) error {
+func (c *Client) Control(ctl feed.Control) error {
 	if err := ctl.Validate(); err != nil {
 		return err
 	}
 	c.mu.Lock()
 	conn, hello := c.conn, c.hello
 	c.mu.Unlock()
-	if ctl.Op != engine.ControlSnapshot && hello != nil && !hello.Control {
-		return engine.ErrReadOnly
+	if ctl.Op != feed.ControlSnapshot && hello != nil && !hello.Control {
+		return feed.ErrReadOnly
 	}
 	if conn == nil {
-		if ctl.Op == engine.ControlSnapshot {
+		if ctl.Op == feed.ControlSnapshot {
 			return nil // the next connection starts with one
 		}
 		return ErrNotConnected
@@ -377,7 +377,7 @@ func (c *Client) up(conn *websocket.Conn, hello *Hello) bool {
 		return false
 	}
 	c.conn, c.hello, c.wasUp = conn, hello, true
-	c.link = engine.Link{Name: c.link.Name, State: engine.LinkUp}
+	c.link = feed.Link{Name: c.link.Name, State: feed.LinkUp}
 	c.notifyLocked()
 	return true
 }
@@ -387,14 +387,14 @@ func (c *Client) up(conn *websocket.Conn, hello *Hello) bool {
 func (c *Client) setLink(err error, attempts int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	st := engine.LinkConnecting
+	st := feed.LinkConnecting
 	if c.wasUp {
-		st = engine.LinkReconnecting
+		st = feed.LinkReconnecting
 	}
 	if permanent(err) {
-		st = engine.LinkClosed
+		st = feed.LinkClosed
 	}
-	c.link = engine.Link{Name: c.link.Name, State: st, Err: err.Error(), Attempts: attempts}
+	c.link = feed.Link{Name: c.link.Name, State: st, Err: err.Error(), Attempts: attempts}
 	c.notifyLocked()
 }
 
@@ -402,8 +402,8 @@ func (c *Client) setLink(err error, attempts int) {
 func (c *Client) end() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.link.State != engine.LinkClosed {
-		c.link = engine.Link{Name: c.link.Name, State: engine.LinkClosed}
+	if c.link.State != feed.LinkClosed {
+		c.link = feed.Link{Name: c.link.Name, State: feed.LinkClosed}
 	}
 	c.closed = true
 	close(c.signal)
@@ -485,7 +485,7 @@ func (c *Client) resync(conn *websocket.Conn, st *seqState) error {
 	c.mu.Lock()
 	c.resyncs++
 	c.mu.Unlock()
-	return c.send(conn, clientMessage{Type: string(engine.ControlSnapshot)})
+	return c.send(conn, clientMessage{Type: string(feed.ControlSnapshot)})
 }
 
 func (c *Client) handle(conn *websocket.Conn, st *seqState, f *Frame) error {

@@ -11,6 +11,7 @@ import (
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/prepare"
 	"github.com/kvtop/kvtop/engine/runner"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // ErrUnauthorized is returned by Dial when the server refuses the token (HTTP 401).
@@ -59,7 +60,7 @@ var engineErrors = []struct {
 	{engine.ErrBadBegin, http.StatusBadRequest, "bad_begin"},
 	{engine.ErrBadKVWrite, http.StatusBadRequest, "bad_kv_write"},
 	{engine.ErrBadRequest, http.StatusBadRequest, errInvalidRequest},
-	{engine.ErrReadOnly, http.StatusForbidden, "read_only"},
+	{feed.ErrReadOnly, http.StatusForbidden, "read_only"},
 	{prepare.ErrBadWindow, http.StatusBadRequest, "bad_window"},
 	{prepare.ErrEmptyPrompt, http.StatusBadRequest, "empty_prompt"},
 	{prepare.ErrPromptLong, http.StatusBadRequest, "prompt_too_long"},

@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // Version is the stream protocol's version. A client and a server of different versions
@@ -46,7 +47,7 @@ type Frame struct {
 	Snapshot *engine.Snapshot `json:"snapshot,omitempty"`
 	Events   []engine.Event   `json:"-"` // encoded by EncodeFrame as "events"
 	Dropped  *Dropped         `json:"dropped,omitempty"`
-	Status   *engine.Status   `json:"status,omitempty"`
+	Status   *feed.Status     `json:"status,omitempty"`
 	Error    *ErrorBody       `json:"error,omitempty"`
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/kvtop/kvtop/engine/pages"
 	"github.com/kvtop/kvtop/engine/prefix"
 	"github.com/kvtop/kvtop/engine/prepare"
+	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/wire"
 )
 
@@ -163,7 +164,7 @@ func goldenEngine(t *testing.T) *engine.Engine {
 func TestFramesGolden(t *testing.T) {
 	e := goldenEngine(t)
 	snap := e.Snapshot()
-	st := engine.Status{Paused: true, Rate: 49.5, Target: 50, Controllable: false}
+	st := feed.Status{Paused: true, Rate: 49.5, Target: 50, Controllable: false}
 	for _, f := range []*wire.Frame{
 		{Type: wire.FrameHello, Hello: &wire.Hello{Protocol: wire.Version, Server: "kvtop 0.1.0", Config: testConfig(), PingIntervalMs: 20000, MaxMessageBytes: 4096}},
 		{Type: wire.FrameSnapshot, Seq: 1, Snapshot: &snap},
@@ -224,7 +225,7 @@ func TestClientMessagesGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	for _, ctl := range []engine.Control{{Op: engine.ControlSnapshot}, {Op: engine.ControlPause}, {Op: engine.ControlResume}, {Op: engine.ControlStep, N: 3}} {
+	for _, ctl := range []feed.Control{{Op: feed.ControlSnapshot}, {Op: feed.ControlPause}, {Op: feed.ControlResume}, {Op: feed.ControlStep, N: 3}} {
 		if err := c.Control(ctl); err != nil {
 			t.Fatalf("Control(%+v) = %v", ctl, err)
 		}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // StreamPath is where the websocket stream is served.
@@ -121,7 +121,7 @@ func (c *streamConn) serve() {
 
 // send writes an update as frames: a drop notice, the snapshot, the status, then the events
 // in frames of at most FrameEvents.
-func (c *streamConn) send(u engine.Update) error {
+func (c *streamConn) send(u feed.Update) error {
 	s := c.s
 	if !c.hello {
 		if u.Snapshot == nil {
@@ -222,15 +222,15 @@ func (c *streamConn) handle(data []byte) *ErrorBody {
 	if err := json.Unmarshal(data, &m); err != nil {
 		return &ErrorBody{Type: errInvalidJSON, Message: fmt.Sprintf("stream: malformed message: %v", err)}
 	}
-	switch engine.ControlOp(m.Type) {
-	case engine.ControlSnapshot:
+	switch feed.ControlOp(m.Type) {
+	case feed.ControlSnapshot:
 		c.sub.Resync()
 		return nil
-	case engine.ControlPause, engine.ControlResume, engine.ControlStep:
+	case feed.ControlPause, feed.ControlResume, feed.ControlStep:
 		if !c.s.opts.Control {
 			return &ErrorBody{Type: "read_only", Message: fmt.Sprintf("stream: %s: this server is read-only; start kvtop serve with --control to allow pause, resume and step", m.Type)}
 		}
-		ctl := engine.Control{Op: engine.ControlOp(m.Type), N: m.N}
+		ctl := feed.Control{Op: feed.ControlOp(m.Type), N: m.N}
 		if err := ctl.Validate(); err != nil {
 			return &ErrorBody{Type: errInvalidRequest, Message: "stream: " + err.Error()}
 		}

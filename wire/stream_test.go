@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/runner"
+	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/wire"
 )
 
@@ -84,7 +85,7 @@ func TestStreamHelloSnapshotThenOrderedEvents(t *testing.T) {
 		t.Fatalf("second frame = %s seq %d, want snapshot seq 1", snap.Type, snap.Seq)
 	}
 	var v viewer
-	v.apply(t, engine.Update{Snapshot: snap.Snapshot})
+	v.apply(t, feed.Update{Snapshot: snap.Snapshot})
 	h.load(t, "r", 20)
 	h.pause()
 	want := h.snapshot()
@@ -98,7 +99,7 @@ func TestStreamHelloSnapshotThenOrderedEvents(t *testing.T) {
 			}
 			seq = f.Seq
 			batched = batched || len(f.Events) > 1
-			v.apply(t, engine.Update{Events: f.Events})
+			v.apply(t, feed.Update{Events: f.Events})
 		case wire.FrameStatus:
 			if f.Status.Controllable {
 				t.Errorf("status says controllable on a read-only server")
@@ -155,8 +156,8 @@ func TestStreamIsReadOnlyWithoutControl(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := c.Control(engine.Control{Op: engine.ControlPause}); err != engine.ErrReadOnly {
-		t.Errorf("Client.Control(pause) on a read-only server = %v, want engine.ErrReadOnly", err)
+	if err := c.Control(feed.Control{Op: feed.ControlPause}); err != feed.ErrReadOnly {
+		t.Errorf("Client.Control(pause) on a read-only server = %v, want feed.ErrReadOnly", err)
 	}
 }
 
@@ -185,13 +186,13 @@ func TestStreamControl(t *testing.T) {
 	if !v.status.Controllable {
 		t.Errorf("status on a server with control: controllable false")
 	}
-	if err := c.Control(engine.Control{Op: engine.ControlPause}); err != nil {
+	if err := c.Control(feed.Control{Op: feed.ControlPause}); err != nil {
 		t.Fatal(err)
 	}
 	takeUntil("a paused status", func() bool { return v.status.Paused })
 	h.pause()
 	before := h.snapshot().Totals.Steps
-	if err := c.Control(engine.Control{Op: engine.ControlStep, N: 3}); err != nil {
+	if err := c.Control(feed.Control{Op: feed.ControlStep, N: 3}); err != nil {
 		t.Fatal(err)
 	}
 	takeUntil("3 steps", func() bool { return v.view.Totals().Steps == before+3 })
@@ -199,11 +200,11 @@ func TestStreamControl(t *testing.T) {
 	if got := h.snapshot().Totals.Steps; got != before+3 {
 		t.Errorf("steps after step 3 while paused = %d, want %d", got, before+3)
 	}
-	if err := c.Control(engine.Control{Op: engine.ControlResume}); err != nil {
+	if err := c.Control(feed.Control{Op: feed.ControlResume}); err != nil {
 		t.Fatal(err)
 	}
 	takeUntil("a running status", func() bool { return !v.status.Paused })
-	if err := c.Control(engine.Control{Op: engine.ControlStep, N: 0}); err == nil {
+	if err := c.Control(feed.Control{Op: feed.ControlStep, N: 0}); err == nil {
 		t.Errorf("Control(step 0) = nil, want an error")
 	}
 }
@@ -296,13 +297,13 @@ func TestStalledClientDropsAndResyncs(t *testing.T) {
 				t.Fatalf("a second snapshot without a dropped notice")
 			}
 			seq = f.Seq
-			sv.apply(t, engine.Update{Snapshot: f.Snapshot})
+			sv.apply(t, feed.Update{Snapshot: f.Snapshot})
 		case wire.FrameEvents:
 			if f.Seq != seq+1 {
 				t.Fatalf("events seq %d after %d", f.Seq, seq)
 			}
 			seq = f.Seq
-			sv.apply(t, engine.Update{Events: f.Events})
+			sv.apply(t, feed.Update{Events: f.Events})
 		}
 	}
 	if dropped == nil || dropped.Count == 0 || dropped.Total != counted {
@@ -487,11 +488,11 @@ func TestReconnectAfterServerRestart(t *testing.T) {
 	h1.load(t, "a", 5)
 	h1.pause()
 	follow(h1, "the first server")
-	if l := c.Link(); l.State != engine.LinkUp || l.Name != addr {
+	if l := c.Link(); l.State != feed.LinkUp || l.Name != addr {
 		t.Errorf("Link() = %+v, want connected to %s", l, addr)
 	}
 	h1.close()
-	waitFor(t, "the client to notice", func() bool { return c.Link().State == engine.LinkReconnecting })
+	waitFor(t, "the client to notice", func() bool { return c.Link().State == feed.LinkReconnecting })
 	waitFor(t, "a failed attempt", func() bool { return c.Link().Attempts > 0 })
 	if l := c.Link(); l.Err == "" {
 		t.Errorf("Link() while the server is down = %+v, want the error", l)
@@ -502,7 +503,7 @@ func TestReconnectAfterServerRestart(t *testing.T) {
 	h2.load(t, "b", 3)
 	h2.pause()
 	follow(h2, "the restarted server")
-	if l := c.Link(); l.State != engine.LinkUp || l.Attempts != 0 || l.Err != "" {
+	if l := c.Link(); l.State != feed.LinkUp || l.Attempts != 0 || l.Err != "" {
 		t.Errorf("Link() after reconnecting = %+v, want connected", l)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // Subscription is a viewer's mailbox: a signal channel of capacity one and the updates
@@ -16,7 +17,7 @@ type Subscription struct {
 	signal chan struct{}
 
 	mu      sync.Mutex
-	pending engine.Update
+	pending feed.Update
 	n       int  // events pending
 	lost    bool // events were dropped; a snapshot is owed before any more events
 	dropped uint64
@@ -31,7 +32,7 @@ func (r *Runner) Subscribe() *Subscription {
 	err := r.Do(context.Background(), func(e *engine.Engine, _ time.Time) error {
 		snap := e.Snapshot()
 		st := r.Status()
-		s.pending = engine.Update{Snapshot: &snap, Status: &st}
+		s.pending = feed.Update{Snapshot: &snap, Status: &st}
 		r.mu.Lock()
 		r.subs[s] = struct{}{}
 		r.mu.Unlock()
@@ -50,7 +51,7 @@ func (s *Subscription) C() <-chan struct{} { return s.signal }
 
 // Take returns everything pending. After a loss it first fetches a fresh snapshot from the
 // runner (waiting for the engine's goroutine, never the other way round).
-func (s *Subscription) Take() engine.Update {
+func (s *Subscription) Take() feed.Update {
 	s.mu.Lock()
 	if s.lost && !s.closed {
 		s.mu.Unlock()
@@ -59,7 +60,7 @@ func (s *Subscription) Take() engine.Update {
 	}
 	u := s.pending
 	u.Dropped = s.dropped
-	s.pending = engine.Update{}
+	s.pending = feed.Update{}
 	s.n = 0
 	s.mu.Unlock()
 	return u
@@ -113,7 +114,7 @@ func (s *Subscription) notify() {
 // offer adds events (and a status) to the pending update. It runs on the engine's
 // goroutine and never blocks: past the backlog, the pending events are dropped and counted,
 // and a snapshot is owed.
-func (s *Subscription) offer(evs []engine.Event, st *engine.Status) {
+func (s *Subscription) offer(evs []engine.Event, st *feed.Status) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
