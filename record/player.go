@@ -17,43 +17,62 @@ const maxGap = 2 * time.Second
 // Player plays a recording back as a dashboard source: events come at their recorded pace
 // times the speed; it can pause, step through the recording one engine step at a time, change
 // speed and seek to any step. It satisfies the dashboard's Source interface.
+//
+// What it plays waits for the dashboard in a feed.Mailbox. A dashboard that falls more than
+// the backlog behind loses the events, counted with those the recorded dashboard lost, and
+// the player sends the state it has reached instead.
 type Player struct {
 	rec  *Recording
 	name string
+	mb   *feed.Mailbox
 
-	signal chan struct{}
-	ctrl   chan feed.Control
-	done   chan struct{}
-	cancel context.CancelFunc
+	ctrl chan feed.Control
+	done chan struct{}
 
-	mu      sync.Mutex
-	pending feed.Update
-	status  feed.Status
-	link    feed.Link
+	mu     sync.Mutex
+	cancel context.CancelFunc // set by Run
+	status feed.Status
+	link   feed.Link
 }
 
-// NewPlayer returns a player for rec, starting paused at the first snapshot when paused is
-// set. speed is a multiple of real time. Call Run.
-func NewPlayer(rec *Recording, name string, speed float64, paused bool) *Player {
+// PlayerOptions configure a Player. The zero value plays at real time from the start.
+type PlayerOptions struct {
+	// Speed is a multiple of real time (default 1).
+	Speed float64
+	// Paused starts the player paused at the first snapshot.
+	Paused bool
+	// Backlog is how many events may wait for Take before the player drops them and sends
+	// the state instead (default feed.DefaultBacklog).
+	Backlog int
+}
+
+// NewPlayer returns a player for rec, named name in its Link. Call Run.
+func NewPlayer(rec *Recording, name string, opts PlayerOptions) *Player {
+	speed := opts.Speed
 	if speed <= 0 {
 		speed = 1
 	}
 	p := &Player{
 		rec:    rec,
 		name:   name,
-		signal: make(chan struct{}, 1),
+		mb:     feed.NewMailbox(opts.Backlog),
 		ctrl:   make(chan feed.Control, 16),
 		done:   make(chan struct{}),
-		status: feed.Status{Paused: paused, Rate: speed, Target: speed, Controllable: true},
+		status: feed.Status{Paused: opts.Paused, Rate: speed, Target: speed, Controllable: true},
 		link:   feed.Link{Name: "replay " + name, State: feed.LinkUp},
 	}
+	p.mb.AddDropped(rec.Dropped)
 	return p
 }
 
 // Run plays until ctx is done or Close is called.
 func (p *Player) Run(ctx context.Context) {
-	ctx, p.cancel = context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(ctx)
+	p.mu.Lock()
+	p.cancel = cancel
+	p.mu.Unlock()
 	defer close(p.done)
+	defer p.mb.Close()
 	items := p.rec.items
 	view, err := engine.NewView(*items[0].snap)
 	if err != nil {
@@ -61,7 +80,7 @@ func (p *Player) Run(ctx context.Context) {
 		return
 	}
 	snap := *items[0].snap
-	p.push(feed.Update{Snapshot: &snap})
+	p.mb.Snapshot(&snap)
 	pos := 1
 	recNow := items[0].at
 	// While paused, a step request plays everything stamped up to target: an engine step
@@ -102,7 +121,6 @@ func (p *Player) Run(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 				p.setLink(feed.LinkClosed, "")
-				close(p.signal)
 				return
 			case c := <-p.ctrl:
 				switch c.Op {
@@ -120,7 +138,7 @@ func (p *Player) Run(ctx context.Context) {
 					p.setStatus(func(s *feed.Status) { s.Target = float64(c.N) / 100; s.Rate = s.Target })
 				case feed.ControlSnapshot:
 					s := view.Snapshot()
-					p.replace(&s)
+					p.mb.Snapshot(&s)
 				case feed.ControlSeek:
 					v, next, err := p.rec.StateAt(uint64(c.N))
 					if err != nil {
@@ -133,7 +151,7 @@ func (p *Player) Run(ctx context.Context) {
 						recNow = items[pos].at
 					}
 					s := view.Snapshot()
-					p.replace(&s)
+					p.mb.Snapshot(&s)
 					p.setStatus(func(s *feed.Status) { s.Paused = true })
 				}
 			case <-tick:
@@ -154,37 +172,26 @@ func (p *Player) Run(ctx context.Context) {
 				view = v
 			}
 			s := *it.snap
-			p.replace(&s)
+			p.mb.Snapshot(&s)
 			continue
 		}
 		if err := view.Apply(it.ev); err != nil {
 			p.setLink(feed.LinkUp, err.Error())
 		}
-		p.push(feed.Update{Events: []engine.Event{it.ev}})
+		if !p.mb.Offer([]engine.Event{it.ev}) && p.mb.Owed() {
+			// The dashboard fell behind: the state so far replaces what it lost.
+			s := view.Snapshot()
+			p.mb.Snapshot(&s)
+		}
 	}
 }
-
-func (p *Player) push(u feed.Update) {
-	p.mu.Lock()
-	if u.Snapshot != nil {
-		p.pending.Snapshot = u.Snapshot
-		p.pending.Events = nil
-	}
-	p.pending.Events = append(p.pending.Events, u.Events...)
-	p.mu.Unlock()
-	p.notify()
-}
-
-// replace drops what is pending for a fresh state.
-func (p *Player) replace(s *engine.Snapshot) { p.push(feed.Update{Snapshot: s}) }
 
 func (p *Player) setStatus(f func(*feed.Status)) {
 	p.mu.Lock()
 	f(&p.status)
 	st := p.status
-	p.pending.Status = &st
 	p.mu.Unlock()
-	p.notify()
+	p.mb.SetStatus(st)
 }
 
 func (p *Player) setLink(state feed.LinkState, msg string) {
@@ -193,29 +200,17 @@ func (p *Player) setLink(state feed.LinkState, msg string) {
 	p.link.State, p.link.Err = state, msg
 	p.mu.Unlock()
 	if changed {
-		p.notify()
+		p.mb.Notify()
 	}
 }
 
-func (p *Player) notify() {
-	select {
-	case p.signal <- struct{}{}:
-	default:
-	}
-}
+// C is signalled when updates are pending or the link changed, and closed when the player
+// stops.
+func (p *Player) C() <-chan struct{} { return p.mb.C() }
 
-// C is signalled when updates are pending.
-func (p *Player) C() <-chan struct{} { return p.signal }
-
-// Take returns what is pending.
-func (p *Player) Take() feed.Update {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	u := p.pending
-	u.Dropped = p.rec.Dropped
-	p.pending = feed.Update{}
-	return u
-}
+// Take returns what is pending; Dropped counts the events the recorded dashboard lost and
+// those this one lost by falling behind.
+func (p *Player) Take() feed.Update { return p.mb.Take() }
 
 // Control pauses, resumes, steps, changes speed, seeks or resends the state.
 func (p *Player) Control(c feed.Control) error {
@@ -239,8 +234,11 @@ func (p *Player) Link() feed.Link {
 
 // Close stops the player.
 func (p *Player) Close() {
-	if p.cancel != nil {
-		p.cancel()
+	p.mu.Lock()
+	cancel := p.cancel
+	p.mu.Unlock()
+	if cancel != nil {
+		cancel()
 		<-p.done
 	}
 }

@@ -102,7 +102,7 @@ func TestPlayerStepsAndSeeks(t *testing.T) {
 		t.Fatal(err)
 	}
 	synctest.Test(t, func(t *testing.T) {
-		p := NewPlayer(rec, "test.jsonl", 1, true)
+		p := NewPlayer(rec, "test.jsonl", PlayerOptions{Speed: 1, Paused: true})
 		go p.Run(t.Context())
 		defer p.Close()
 		var view *engine.View
@@ -158,6 +158,50 @@ func TestPlayerStepsAndSeeks(t *testing.T) {
 		}
 		if err := p.Control(feed.Control{Op: feed.ControlSeek, N: -1}); err == nil {
 			t.Errorf("seek to -1 = nil, want an error")
+		}
+	})
+}
+
+// A dashboard that does not keep up with the player loses events, never the player's pace:
+// past the backlog the pending events are dropped, counted on top of those the recorded
+// dashboard lost, and replaced by the state the player has reached, from which what
+// follows applies.
+func TestPlayerBacklogOverflows(t *testing.T) {
+	data, _ := live(t, 120)
+	rec, err := Load(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, last := rec.Steps()
+	end, _, err := rec.StateAt(last)
+	if err != nil {
+		t.Fatal(err)
+	}
+	synctest.Test(t, func(t *testing.T) {
+		const backlog = 32
+		p := NewPlayer(rec, "test.jsonl", PlayerOptions{Speed: 1000, Backlog: backlog})
+		go p.Run(t.Context())
+		defer p.Close()
+		time.Sleep(time.Minute) // plays to the end; nobody takes
+		synctest.Wait()
+		u := p.Take()
+		if u.Dropped <= rec.Dropped {
+			t.Errorf("Take().Dropped = %d after the whole recording went untaken, want more than the %d recorded", u.Dropped, rec.Dropped)
+		}
+		if u.Snapshot == nil || len(u.Events) > backlog {
+			t.Fatalf("Take() = a snapshot %v and %d events, want a snapshot and at most the backlog of %d", u.Snapshot != nil, len(u.Events), backlog)
+		}
+		v, err := engine.NewView(*u.Snapshot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range u.Events {
+			if err := v.Apply(ev); err != nil {
+				t.Fatalf("Apply(%s) after the player's snapshot: %v", ev, err)
+			}
+		}
+		if !reflect.DeepEqual(v.Snapshot(), end.Snapshot()) {
+			t.Errorf("the state taken after the overflow differs from the recording's at its end, step %d", last)
 		}
 	})
 }

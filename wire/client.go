@@ -43,7 +43,7 @@ type ClientOptions struct {
 	// engine is big).
 	ReadLimit int64
 	// Backlog is how many events may wait for Take before the client drops them and asks
-	// for a snapshot (default 65536).
+	// for a snapshot (default feed.DefaultBacklog).
 	Backlog int
 	// NetDialContext, when set, opens the TCP connections (tests use it).
 	NetDialContext func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -65,9 +65,6 @@ func (o ClientOptions) withDefaults() ClientOptions {
 	if o.ReadLimit <= 0 {
 		o.ReadLimit = 1 << 30
 	}
-	if o.Backlog <= 0 {
-		o.Backlog = 65536
-	}
 	return o
 }
 
@@ -75,24 +72,22 @@ func (o ClientOptions) withDefaults() ClientOptions {
 // dashboard's Source: C, Take, Control, Link and Close. It reconnects with backoff when the
 // connection fails; each new connection starts with a snapshot. A gap in seq, an event that
 // does not decode, or a backlog that overflows makes it drop what it has and ask for a
-// snapshot: deltas are an optimisation, the snapshot is the truth.
+// snapshot: deltas are an optimisation, the snapshot is the truth. What it has received
+// waits in a feed.Mailbox, which owes a snapshot from the moment the client asks for one
+// until the server's comes.
 type Client struct {
 	url  string
 	opts ClientOptions
+	mb   *feed.Mailbox
 
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
-	signal chan struct{}
 
 	mu      sync.Mutex
-	pending feed.Update
-	n       int // events pending
-	dropped uint64
 	link    feed.Link
 	conn    *websocket.Conn // nil between connections
 	hello   *Hello
-	closed  bool // signal is closed
 	wasUp   bool
 	resyncs uint64     // snapshots asked for after a gap, a bad frame or an overflow
 	wmu     sync.Mutex // one writer at a time on conn
@@ -135,8 +130,8 @@ func newClient(target string, opts ClientOptions) (*Client, error) {
 	pu, _ := url.Parse(u)
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Client{
-		url: u, opts: opts.withDefaults(), ctx: ctx, cancel: cancel,
-		done: make(chan struct{}), signal: make(chan struct{}, 1),
+		url: u, opts: opts.withDefaults(), mb: feed.NewMailbox(opts.Backlog), ctx: ctx, cancel: cancel,
+		done: make(chan struct{}),
 		link: feed.Link{Name: pu.Host, State: feed.LinkConnecting},
 	}, nil
 }
@@ -172,20 +167,14 @@ func Attach(target string, opts ClientOptions) (*Client, error) {
 	return c, nil
 }
 
-// C is signalled when updates are pending, and closed when the client ends.
-func (c *Client) C() <-chan struct{} { return c.signal }
+// C is signalled when updates are pending or the link changed, and closed when the client
+// ends.
+func (c *Client) C() <-chan struct{} { return c.mb.C() }
 
 // Take returns everything pending: a snapshot to start over from (when set), then events in
-// order, the latest status, and the events lost so far.
-func (c *Client) Take() feed.Update {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	u := c.pending
-	u.Dropped = c.dropped
-	c.pending = feed.Update{}
-	c.n = 0
-	return u
-}
+// order, the latest status, and the events lost so far (those the server dropped for this
+// client and those the client dropped itself).
+func (c *Client) Take() feed.Update { return c.mb.Take() }
 
 // Link says which server the client is attached to and how the connection stands.
 func (c *Client) Link() feed.Link {
@@ -378,7 +367,7 @@ func (c *Client) up(conn *websocket.Conn, hello *Hello) bool {
 	}
 	c.conn, c.hello, c.wasUp = conn, hello, true
 	c.link = feed.Link{Name: c.link.Name, State: feed.LinkUp}
-	c.notifyLocked()
+	c.mb.Notify()
 	return true
 }
 
@@ -395,28 +384,17 @@ func (c *Client) setLink(err error, attempts int) {
 		st = feed.LinkClosed
 	}
 	c.link = feed.Link{Name: c.link.Name, State: st, Err: err.Error(), Attempts: attempts}
-	c.notifyLocked()
+	c.mb.Notify()
 }
 
-// end closes the signal channel; Link keeps a permanent failure's reason.
+// end closes the mailbox; Link keeps a permanent failure's reason.
 func (c *Client) end() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.link.State != feed.LinkClosed {
 		c.link = feed.Link{Name: c.link.Name, State: feed.LinkClosed}
 	}
-	c.closed = true
-	close(c.signal)
-}
-
-func (c *Client) notifyLocked() {
-	if c.closed {
-		return
-	}
-	select {
-	case c.signal <- struct{}{}:
-	default:
-	}
+	c.mu.Unlock()
+	c.mb.Close()
 }
 
 func (c *Client) logf(format string, args ...any) {
@@ -447,7 +425,7 @@ func (c *Client) read(conn *websocket.Conn, hello *Hello) error {
 		}
 		return err
 	})
-	st := seqState{}
+	var last uint64      // the seq of the last snapshot or events frame
 	var buf bytes.Buffer // reused: a frame is decoded into values that do not point into it
 	for {
 		_, r, err := conn.NextReader()
@@ -462,71 +440,53 @@ func (c *Client) read(conn *websocket.Conn, hello *Hello) error {
 		f, err := DecodeFrame(buf.Bytes())
 		if err != nil {
 			c.logf("wire: %s: %v; asking for a snapshot", c.url, err)
-			if err := c.resync(conn, &st); err != nil {
+			if err := c.resync(conn); err != nil {
 				return err
 			}
 			continue
 		}
-		if err := c.handle(conn, &st, f); err != nil {
+		if err := c.handle(conn, &last, f); err != nil {
 			return err
 		}
 	}
 }
 
-// seqState follows a connection's seq: the last one seen, and whether a snapshot has been
-// asked for (events are dropped until it comes).
-type seqState struct {
-	last      uint64
-	resyncing bool
+// resync throws away what is pending and asks the server for a snapshot, which the mailbox
+// owes until it comes.
+func (c *Client) resync(conn *websocket.Conn) error {
+	c.mb.Resync()
+	return c.askSnapshot(conn)
 }
 
-func (c *Client) resync(conn *websocket.Conn, st *seqState) error {
-	st.resyncing = true
+// askSnapshot asks the server for the snapshot the mailbox owes.
+func (c *Client) askSnapshot(conn *websocket.Conn) error {
 	c.mu.Lock()
 	c.resyncs++
 	c.mu.Unlock()
 	return c.send(conn, clientMessage{Type: string(feed.ControlSnapshot)})
 }
 
-func (c *Client) handle(conn *websocket.Conn, st *seqState, f *Frame) error {
+// handle takes one frame; last is the connection's seq so far. Events wait in the mailbox
+// unless a snapshot is owed (the one asked for covers them; they count as dropped).
+func (c *Client) handle(conn *websocket.Conn, last *uint64, f *Frame) error {
 	switch f.Type {
 	case FrameSnapshot:
-		st.last, st.resyncing = f.Seq, false
-		c.mu.Lock()
-		c.pending.Snapshot = f.Snapshot
-		c.pending.Events = nil
-		c.n = 0
-		c.notifyLocked()
-		c.mu.Unlock()
+		*last = f.Seq
+		c.mb.Snapshot(f.Snapshot)
 	case FrameEvents:
-		if st.resyncing {
-			return nil
+		owed := c.mb.Owed()
+		if !owed && f.Seq != *last+1 {
+			c.logf("wire: %s: events frame %d after %d; asking for a snapshot", c.url, f.Seq, *last)
+			c.mb.Resync()
 		}
-		if f.Seq != st.last+1 {
-			c.logf("wire: %s: events frame %d after %d; asking for a snapshot", c.url, f.Seq, st.last)
-			return c.resync(conn, st)
+		*last = f.Seq
+		if !c.mb.Offer(f.Events) && !owed {
+			return c.askSnapshot(conn) // after a gap, or the backlog overflowed just now
 		}
-		st.last = f.Seq
-		c.mu.Lock()
-		if c.n+len(f.Events) > c.opts.Backlog {
-			c.dropped += uint64(c.n + len(f.Events))
-			c.pending.Events, c.pending.Snapshot, c.n = nil, nil, 0
-			c.mu.Unlock()
-			return c.resync(conn, st)
-		}
-		c.pending.Events = append(c.pending.Events, f.Events...)
-		c.n += len(f.Events)
-		c.notifyLocked()
-		c.mu.Unlock()
 	case FrameDropped:
-		c.mu.Lock()
-		c.dropped += f.Dropped.Count
-		c.mu.Unlock()
+		c.mb.AddDropped(f.Dropped.Count)
 	case FrameStatus:
-		c.mu.Lock()
-		c.pending.Status = f.Status
-		c.notifyLocked()
-		c.mu.Unlock()
+		c.mb.SetStatus(*f.Status)
 	case FrameError:
 		c.logf("wire: %s: the server says: %s (%s)", c.url, f.Error.Message, f.Error.Type)
 	}

@@ -444,7 +444,8 @@ func TestSeqGapForcesResync(t *testing.T) {
 	if got := <-asked; got != `{"type":"snapshot"}`+"\n" && got != `{"type":"snapshot"}` {
 		t.Fatalf("after a gap the client sent %q, want a snapshot request", got)
 	}
-	frames <- &wire.Frame{Type: wire.FrameEvents, Seq: 5, Events: step("C", 3)} // still dropped
+	e3 := step("C", 3)
+	frames <- &wire.Frame{Type: wire.FrameEvents, Seq: 5, Events: e3} // still dropped
 	snap = e.Snapshot()
 	frames <- &wire.Frame{Type: wire.FrameSnapshot, Seq: 6, Snapshot: &snap}
 	e4 := step("D", 4)
@@ -456,6 +457,9 @@ func TestSeqGapForcesResync(t *testing.T) {
 	}
 	if v.events != len(e1)+len(e4) || c.Resyncs() != 1 {
 		t.Errorf("applied %d events with %d resyncs; want %d (the frames before the gap and after the new snapshot) and 1", v.events, c.Resyncs(), len(e1)+len(e4))
+	}
+	if want := uint64(len(e2) + len(e3)); v.dropped != want {
+		t.Errorf("Take().Dropped = %d, want %d: the events of the frame after the gap and of the one after it, thrown away", v.dropped, want)
 	}
 	sameState(t, v.view.Snapshot(), want)
 }

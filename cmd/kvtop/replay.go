@@ -59,7 +59,7 @@ Flags:
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	p := record.NewPlayer(rec, shortPath(fs.Arg(0)), *speed, *paused || *seek >= 0)
+	p := record.NewPlayer(rec, shortPath(fs.Arg(0)), record.PlayerOptions{Speed: *speed, Paused: *paused || *seek >= 0})
 	go p.Run(ctx)
 	if *seek >= 0 {
 		_ = p.Control(feed.Control{Op: feed.ControlSeek, N: *seek})

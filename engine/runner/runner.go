@@ -26,7 +26,7 @@ type Config struct {
 	// QueueSize bounds the calls waiting for the engine (default 1024).
 	QueueSize int
 	// Backlog is how many events a subscriber may have pending before it loses them
-	// (default 65536).
+	// (default feed.DefaultBacklog).
 	Backlog int
 	// StartPaused starts with the engine paused.
 	StartPaused bool
@@ -73,7 +73,7 @@ func New(e *engine.Engine, cfg Config) *Runner {
 		cfg.QueueSize = 1024
 	}
 	if cfg.Backlog <= 0 {
-		cfg.Backlog = 65536
+		cfg.Backlog = feed.DefaultBacklog
 	}
 	if cfg.IdleTick <= 0 {
 		cfg.IdleTick = 250 * time.Millisecond
@@ -206,7 +206,7 @@ func (r *Runner) setStatus(f func(*feed.Status)) {
 	r.mu.Unlock()
 	if st != old {
 		for _, s := range subs {
-			s.offer(nil, &st)
+			s.mb.SetStatus(st)
 		}
 	}
 }
@@ -375,7 +375,7 @@ func (r *Runner) publish(evs []engine.Event, toks []engine.Token) {
 	}
 	r.mu.Unlock()
 	for _, s := range subs {
-		s.offer(evs, nil)
+		s.mb.Offer(evs) // never waits; a refusal is counted and owes a snapshot
 	}
 }
 
@@ -391,7 +391,7 @@ func (r *Runner) shutdown() {
 	r.subs = map[*Subscription]struct{}{}
 	r.mu.Unlock()
 	for s := range subs {
-		s.close()
+		s.mb.Close()
 	}
 }
 
