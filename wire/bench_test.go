@@ -20,6 +20,7 @@ import (
 	"github.com/kvtop/kvtop/engine/pages"
 	"github.com/kvtop/kvtop/engine/runner"
 	"github.com/kvtop/kvtop/feed"
+	"github.com/kvtop/kvtop/wire/protocol"
 )
 
 // steady is a runner hook that keeps n requests decoding: each finished one is replaced by
@@ -198,8 +199,8 @@ func BenchmarkStreamBytes(b *testing.B) {
 	log := eventLog(b, 4096)
 	for _, batch := range []int{1, 4096} {
 		var buf bytes.Buffer
-		var enc eventEncoder
-		if err := enc.frame(&buf, 1, log[:batch]); err != nil {
+		var enc protocol.Encoder
+		if err := enc.Encode(&buf, &protocol.Frame{Type: protocol.FrameEvents, Seq: 1, Events: log[:batch]}); err != nil {
 			b.Fatal(err)
 		}
 		msg := buf.Bytes()

@@ -18,6 +18,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/kvtop/kvtop/feed"
+	"github.com/kvtop/kvtop/wire/protocol"
 )
 
 // Errors of the client.
@@ -87,7 +88,7 @@ type Client struct {
 	mu      sync.Mutex
 	link    feed.Link
 	conn    *websocket.Conn // nil between connections
-	hello   *Hello
+	hello   *protocol.Hello
 	wasUp   bool
 	resyncs uint64     // snapshots asked for after a gap, a bad frame or an overflow
 	wmu     sync.Mutex // one writer at a time on conn
@@ -202,7 +203,7 @@ func (c *Client) Control(ctl feed.Control) error {
 		}
 		return ErrNotConnected
 	}
-	return c.send(conn, clientMessage{Type: string(ctl.Op), N: ctl.N})
+	return c.send(conn, protocol.ClientMessage{Type: string(ctl.Op), N: ctl.N})
 }
 
 // Resyncs counts the snapshots the client asked for on its own: after a gap in seq, a frame
@@ -224,7 +225,7 @@ func (c *Client) Close() {
 	<-c.done
 }
 
-func (c *Client) send(conn *websocket.Conn, m clientMessage) error {
+func (c *Client) send(conn *websocket.Conn, m protocol.ClientMessage) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
@@ -235,7 +236,7 @@ func (c *Client) send(conn *websocket.Conn, m clientMessage) error {
 }
 
 // connect dials the stream and reads the hello.
-func (c *Client) connect(ctx context.Context) (*websocket.Conn, *Hello, error) {
+func (c *Client) connect(ctx context.Context) (*websocket.Conn, *protocol.Hello, error) {
 	d := websocket.Dialer{
 		HandshakeTimeout: c.opts.HandshakeTimeout,
 		NetDialContext:   c.opts.NetDialContext,
@@ -254,7 +255,7 @@ func (c *Client) connect(ctx context.Context) (*websocket.Conn, *Hello, error) {
 		defer resp.Body.Close()
 		msg := resp.Status
 		var eb struct {
-			Error ErrorBody `json:"error"`
+			Error protocol.ErrorBody `json:"error"`
 		}
 		if b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10)); json.Unmarshal(b, &eb) == nil && eb.Error.Message != "" {
 			msg = eb.Error.Message
@@ -274,17 +275,17 @@ func (c *Client) connect(ctx context.Context) (*websocket.Conn, *Hello, error) {
 		conn.Close()
 		return nil, nil, fmt.Errorf("wire: attach %s: reading the hello: %w", c.url, err)
 	}
-	f, err := DecodeFrame(data)
-	if err == nil && f.Type != FrameHello {
-		err = fmt.Errorf("%w: the first frame is %s, not hello", ErrProtocol, f.Type)
+	f, err := protocol.DecodeFrame(data)
+	if err == nil && f.Type != protocol.FrameHello {
+		err = fmt.Errorf("%w: the first frame is %s, not hello", protocol.ErrViolation, f.Type)
 	}
 	if err != nil {
 		conn.Close()
 		return nil, nil, fmt.Errorf("wire: attach %s: %w", c.url, err)
 	}
-	if f.Hello.Protocol != Version {
+	if f.Hello.Protocol != protocol.Version {
 		conn.Close()
-		return nil, nil, fmt.Errorf("wire: attach %s: %w: the server speaks protocol %d, this client %d", c.url, ErrVersion, f.Hello.Protocol, Version)
+		return nil, nil, fmt.Errorf("wire: attach %s: %w: the server speaks protocol %d, this client %d", c.url, ErrVersion, f.Hello.Protocol, protocol.Version)
 	}
 	return conn, f.Hello, nil
 }
@@ -295,7 +296,7 @@ func permanent(err error) bool {
 }
 
 // run keeps a connection up until the client is closed or a permanent error.
-func (c *Client) run(conn *websocket.Conn, hello *Hello) {
+func (c *Client) run(conn *websocket.Conn, hello *protocol.Hello) {
 	defer close(c.done)
 	defer c.end()
 	attempts := 0
@@ -359,7 +360,7 @@ func (c *Client) sleep(d time.Duration) bool {
 	}
 }
 
-func (c *Client) up(conn *websocket.Conn, hello *Hello) bool {
+func (c *Client) up(conn *websocket.Conn, hello *protocol.Hello) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ctx.Err() != nil {
@@ -404,7 +405,7 @@ func (c *Client) logf(format string, args ...any) {
 }
 
 // read takes frames off one connection until it fails.
-func (c *Client) read(conn *websocket.Conn, hello *Hello) error {
+func (c *Client) read(conn *websocket.Conn, hello *protocol.Hello) error {
 	alive := func() {
 		if hello.PingIntervalMs > 0 {
 			conn.SetReadDeadline(time.Now().Add(3 * time.Duration(hello.PingIntervalMs) * time.Millisecond))
@@ -437,7 +438,7 @@ func (c *Client) read(conn *websocket.Conn, hello *Hello) error {
 			return err
 		}
 		alive()
-		f, err := DecodeFrame(buf.Bytes())
+		f, err := protocol.DecodeFrame(buf.Bytes())
 		if err != nil {
 			c.logf("wire: %s: %v; asking for a snapshot", c.url, err)
 			if err := c.resync(conn); err != nil {
@@ -463,17 +464,17 @@ func (c *Client) askSnapshot(conn *websocket.Conn) error {
 	c.mu.Lock()
 	c.resyncs++
 	c.mu.Unlock()
-	return c.send(conn, clientMessage{Type: string(feed.ControlSnapshot)})
+	return c.send(conn, protocol.ClientMessage{Type: string(feed.ControlSnapshot)})
 }
 
 // handle takes one frame; last is the connection's seq so far. Events wait in the mailbox
 // unless a snapshot is owed (the one asked for covers them; they count as dropped).
-func (c *Client) handle(conn *websocket.Conn, last *uint64, f *Frame) error {
+func (c *Client) handle(conn *websocket.Conn, last *uint64, f *protocol.Frame) error {
 	switch f.Type {
-	case FrameSnapshot:
+	case protocol.FrameSnapshot:
 		*last = f.Seq
 		c.mb.Snapshot(f.Snapshot)
-	case FrameEvents:
+	case protocol.FrameEvents:
 		owed := c.mb.Owed()
 		if !owed && f.Seq != *last+1 {
 			c.logf("wire: %s: events frame %d after %d; asking for a snapshot", c.url, f.Seq, *last)
@@ -483,11 +484,11 @@ func (c *Client) handle(conn *websocket.Conn, last *uint64, f *Frame) error {
 		if !c.mb.Offer(f.Events) && !owed {
 			return c.askSnapshot(conn) // after a gap, or the backlog overflowed just now
 		}
-	case FrameDropped:
+	case protocol.FrameDropped:
 		c.mb.AddDropped(f.Dropped.Count)
-	case FrameStatus:
+	case protocol.FrameStatus:
 		c.mb.SetStatus(*f.Status)
-	case FrameError:
+	case protocol.FrameError:
 		c.logf("wire: %s: the server says: %s (%s)", c.url, f.Error.Message, f.Error.Type)
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"github.com/kvtop/kvtop/engine/prepare"
 	"github.com/kvtop/kvtop/engine/runner"
 	"github.com/kvtop/kvtop/feed"
+	"github.com/kvtop/kvtop/wire/protocol"
 )
 
 // ErrUnauthorized is returned by Dial when the server refuses the token (HTTP 401).
@@ -93,8 +94,8 @@ func writeError(w http.ResponseWriter, err error) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="kvtop"`)
 	}
 	writeJSON(w, ae.status, struct {
-		Error ErrorBody `json:"error"`
-	}{ErrorBody{Message: ae.err.Error(), Type: ae.typ}})
+		Error protocol.ErrorBody `json:"error"`
+	}{protocol.ErrorBody{Message: ae.err.Error(), Type: ae.typ}})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -18,6 +18,7 @@ import (
 	"github.com/kvtop/kvtop/engine/runner"
 	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/wire"
+	"github.com/kvtop/kvtop/wire/protocol"
 )
 
 // flow plays a router and a prefill instance for one request: prep_recv, the KV, and a
@@ -52,14 +53,14 @@ func (h *harness) load(t *testing.T, prefix string, n int) {
 }
 
 // readFrame reads one frame from a raw stream connection.
-func readFrame(t *testing.T, conn *websocket.Conn) *wire.Frame {
+func readFrame(t *testing.T, conn *websocket.Conn) *protocol.Frame {
 	t.Helper()
 	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 	_, data, err := conn.ReadMessage()
 	if err != nil {
 		t.Fatalf("reading a frame: %v", err)
 	}
-	f, err := wire.DecodeFrame(data)
+	f, err := protocol.DecodeFrame(data)
 	if err != nil {
 		t.Fatalf("DecodeFrame(%.200s): %v", data, err)
 	}
@@ -76,12 +77,12 @@ func TestStreamHelloSnapshotThenOrderedEvents(t *testing.T) {
 	}
 	defer conn.Close()
 	hello := readFrame(t, conn)
-	if hello.Type != wire.FrameHello || hello.Hello.Protocol != wire.Version || hello.Hello.Server != "kvtop test" ||
+	if hello.Type != protocol.FrameHello || hello.Hello.Protocol != protocol.Version || hello.Hello.Server != "kvtop test" ||
 		hello.Hello.Control || hello.Hello.Config.MaxTotalSequenceLength != 8192 {
-		t.Fatalf("first frame = %+v, want hello, protocol %d, read-only, the engine's config", hello, wire.Version)
+		t.Fatalf("first frame = %+v, want hello, protocol %d, read-only, the engine's config", hello, protocol.Version)
 	}
 	snap := readFrame(t, conn)
-	if snap.Type != wire.FrameSnapshot || snap.Seq != 1 {
+	if snap.Type != protocol.FrameSnapshot || snap.Seq != 1 {
 		t.Fatalf("second frame = %s seq %d, want snapshot seq 1", snap.Type, snap.Seq)
 	}
 	var v viewer
@@ -93,14 +94,14 @@ func TestStreamHelloSnapshotThenOrderedEvents(t *testing.T) {
 	for v.view.Stamp() != want.Stamp {
 		f := readFrame(t, conn)
 		switch f.Type {
-		case wire.FrameEvents:
+		case protocol.FrameEvents:
 			if f.Seq != seq+1 {
 				t.Fatalf("events frame seq %d after %d, want %d", f.Seq, seq, seq+1)
 			}
 			seq = f.Seq
 			batched = batched || len(f.Events) > 1
 			v.apply(t, feed.Update{Events: f.Events})
-		case wire.FrameStatus:
+		case protocol.FrameStatus:
 			if f.Status.Controllable {
 				t.Errorf("status says controllable on a read-only server")
 			}
@@ -125,7 +126,7 @@ func TestStreamIsReadOnlyWithoutControl(t *testing.T) {
 	defer conn.Close()
 	readFrame(t, conn) // hello
 	readFrame(t, conn) // snapshot
-	expect := func(msg, typ, want string) *wire.Frame {
+	expect := func(msg, typ, want string) *protocol.Frame {
 		t.Helper()
 		if err := conn.WriteMessage(websocket.TextMessage, []byte(msg)); err != nil {
 			t.Fatal(err)
@@ -135,17 +136,17 @@ func TestStreamIsReadOnlyWithoutControl(t *testing.T) {
 			if f.Type != typ {
 				continue // events and status go on meanwhile
 			}
-			if typ == wire.FrameError && (f.Error.Type != want) {
+			if typ == protocol.FrameError && (f.Error.Type != want) {
 				t.Errorf("after %s: error %+v, want type %s", msg, f.Error, want)
 			}
 			return f
 		}
 	}
-	expect(`{"type":"pause"}`, wire.FrameError, "read_only")
-	expect(`{"type":"step","n":3}`, wire.FrameError, "read_only")
-	expect(`{"type":"jump"}`, wire.FrameError, "invalid_request")
-	expect(`not json`, wire.FrameError, "invalid_json")
-	if f := expect(`{"type":"snapshot"}`, wire.FrameSnapshot, ""); f.Seq < 2 {
+	expect(`{"type":"pause"}`, protocol.FrameError, "read_only")
+	expect(`{"type":"step","n":3}`, protocol.FrameError, "read_only")
+	expect(`{"type":"jump"}`, protocol.FrameError, "invalid_request")
+	expect(`not json`, protocol.FrameError, "invalid_json")
+	if f := expect(`{"type":"snapshot"}`, protocol.FrameSnapshot, ""); f.Seq < 2 {
 		t.Errorf("resync snapshot seq = %d, want after the first", f.Seq)
 	}
 	if h.r.Status().Paused {
@@ -282,23 +283,23 @@ func TestStalledClientDropsAndResyncs(t *testing.T) {
 	var sv viewer
 	// Notices: one or more (while the client is slow to drain its socket, a backlog can
 	// overflow again after the first snapshot); each snapshot follows one.
-	var dropped *wire.Dropped
+	var dropped *protocol.Dropped
 	var notices, counted uint64
 	var seq uint64
 	for sv.view == nil || sv.view.Stamp() != want.Stamp {
 		f := readFrame(t, stalled)
 		switch f.Type {
-		case wire.FrameDropped:
+		case protocol.FrameDropped:
 			dropped = f.Dropped
 			notices++
 			counted += f.Dropped.Count
-		case wire.FrameSnapshot:
+		case protocol.FrameSnapshot:
 			if sv.view != nil && dropped == nil {
 				t.Fatalf("a second snapshot without a dropped notice")
 			}
 			seq = f.Seq
 			sv.apply(t, feed.Update{Snapshot: f.Snapshot})
-		case wire.FrameEvents:
+		case protocol.FrameEvents:
 			if f.Seq != seq+1 {
 				t.Fatalf("events seq %d after %d", f.Seq, seq)
 			}
@@ -396,7 +397,7 @@ func TestSeqGapForcesResync(t *testing.T) {
 		evs := e.TakeEvents()
 		return append(evs, e.Step(now).Events...)
 	}
-	frames := make(chan *wire.Frame)
+	frames := make(chan *protocol.Frame)
 	asked := make(chan string, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		conn, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
@@ -412,7 +413,7 @@ func TestSeqGapForcesResync(t *testing.T) {
 		}()
 		for f := range frames {
 			var buf bytes.Buffer
-			if err := wire.EncodeFrame(&buf, f); err != nil {
+			if err := protocol.EncodeFrame(&buf, f); err != nil {
 				t.Error(err)
 				return
 			}
@@ -429,27 +430,27 @@ func TestSeqGapForcesResync(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	frames <- &wire.Frame{Type: wire.FrameHello, Hello: &wire.Hello{Protocol: wire.Version, Config: cfg}}
+	frames <- &protocol.Frame{Type: protocol.FrameHello, Hello: &protocol.Hello{Protocol: protocol.Version, Config: cfg}}
 	snap := e.Snapshot()
-	frames <- &wire.Frame{Type: wire.FrameSnapshot, Seq: 1, Snapshot: &snap}
+	frames <- &protocol.Frame{Type: protocol.FrameSnapshot, Seq: 1, Snapshot: &snap}
 	e1 := step("A", 1)
-	frames <- &wire.Frame{Type: wire.FrameEvents, Seq: 2, Events: e1}
+	frames <- &protocol.Frame{Type: protocol.FrameEvents, Seq: 2, Events: e1}
 	var v viewer
 	for v.events < len(e1) {
 		<-c.C()
 		v.apply(t, c.Take())
 	}
 	e2 := step("B", 2)
-	frames <- &wire.Frame{Type: wire.FrameEvents, Seq: 4, Events: e2} // 3 is missing
+	frames <- &protocol.Frame{Type: protocol.FrameEvents, Seq: 4, Events: e2} // 3 is missing
 	if got := <-asked; got != `{"type":"snapshot"}`+"\n" && got != `{"type":"snapshot"}` {
 		t.Fatalf("after a gap the client sent %q, want a snapshot request", got)
 	}
 	e3 := step("C", 3)
-	frames <- &wire.Frame{Type: wire.FrameEvents, Seq: 5, Events: e3} // still dropped
+	frames <- &protocol.Frame{Type: protocol.FrameEvents, Seq: 5, Events: e3} // still dropped
 	snap = e.Snapshot()
-	frames <- &wire.Frame{Type: wire.FrameSnapshot, Seq: 6, Snapshot: &snap}
+	frames <- &protocol.Frame{Type: protocol.FrameSnapshot, Seq: 6, Snapshot: &snap}
 	e4 := step("D", 4)
-	frames <- &wire.Frame{Type: wire.FrameEvents, Seq: 7, Events: e4}
+	frames <- &protocol.Frame{Type: protocol.FrameEvents, Seq: 7, Events: e4}
 	want := e.Snapshot()
 	for v.view.Stamp() != want.Stamp || v.snapshots < 2 {
 		<-c.C()
