@@ -13,57 +13,33 @@ import (
 	"github.com/kvtop/kvtop/feed"
 )
 
-// fakeSource is a Source fed by a test: push queues an update and signals, as a runner's
-// subscription does; controls are recorded.
+// fakeSource is a Source fed by a test through a feed.Mailbox, as the real producers feed
+// theirs; controls are recorded.
 type fakeSource struct {
-	mu       sync.Mutex
-	c        chan struct{}
-	pending  feed.Update
-	has      bool
-	closed   bool
-	readOnly bool
-	link     feed.Link
-	controls chan feed.Control
+	*feed.Mailbox // C, Take and Close
+	mu            sync.Mutex
+	readOnly      bool
+	link          feed.Link
+	controls      chan feed.Control
 }
 
 func newFakeSource() *fakeSource {
 	return &fakeSource{
-		c:        make(chan struct{}, 1),
+		Mailbox:  feed.NewMailbox(0),
 		link:     feed.Link{Name: "embedded", State: feed.LinkUp},
 		controls: make(chan feed.Control, 64),
 	}
 }
 
+// push delivers u's snapshot, events and status, as a producer does.
 func (f *fakeSource) push(u feed.Update) {
-	f.mu.Lock()
-	if f.pending.Snapshot == nil || u.Snapshot != nil {
-		if u.Snapshot != nil {
-			f.pending.Events = nil
-			f.pending.Snapshot = u.Snapshot
-		}
+	if u.Snapshot != nil {
+		f.Snapshot(u.Snapshot)
 	}
-	f.pending.Events = append(f.pending.Events, u.Events...)
+	f.Offer(u.Events)
 	if u.Status != nil {
-		f.pending.Status = u.Status
+		f.SetStatus(*u.Status)
 	}
-	f.pending.Dropped = max(f.pending.Dropped, u.Dropped)
-	f.has = true
-	f.mu.Unlock()
-	select {
-	case f.c <- struct{}{}:
-	default:
-	}
-}
-
-func (f *fakeSource) C() <-chan struct{} { return f.c }
-
-func (f *fakeSource) Take() feed.Update {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	u := f.pending
-	f.pending = feed.Update{Dropped: u.Dropped}
-	f.has = false
-	return u
 }
 
 func (f *fakeSource) Control(c feed.Control) error {
@@ -81,15 +57,6 @@ func (f *fakeSource) Link() feed.Link {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.link
-}
-
-func (f *fakeSource) Close() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if !f.closed {
-		f.closed = true
-		close(f.c)
-	}
 }
 
 // script drives a real engine deterministically: fixed times, prompts made from the
