@@ -2,13 +2,20 @@
 // a dashboard source: a recording of a stuck decode instance is a bug report anyone can
 // open with `kvtop replay FILE`.
 //
-// A recording is one JSON frame a line, in the stream's own format (wire.Frame): a snapshot
-// frame, then events frames (and status and dropped frames as they came). Every later
-// snapshot (after a resync) is written too, so a player can seek without replaying from the
-// start.
+// A recording is one JSON frame a line, in the stream's own format (wire/protocol's Frame): a
+// snapshot frame, then events frames (and status and dropped frames as they came). Every
+// later snapshot (after a resync) is written too, so a player can seek without replaying
+// from the start.
 //
 // # Concurrency
 //
 // A Recorder is safe for concurrent use. A Player runs its own goroutine; its Source methods
-// are safe for concurrent use.
+// are safe for concurrent use. It never waits for the dashboard: what it plays waits in a
+// feed.Mailbox of PlayerOptions.Backlog events, past which the dashboard loses them (counted)
+// and gets the state the player has reached instead.
+//
+// # Imports
+//
+// record imports engine, feed and wire/protocol (the codec alone): no HTTP server, no
+// websocket, no Prometheus.
 package record

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // maxGap caps how long playback waits between two recorded moments, so an idle stretch of
@@ -16,51 +17,70 @@ const maxGap = 2 * time.Second
 // Player plays a recording back as a dashboard source: events come at their recorded pace
 // times the speed; it can pause, step through the recording one engine step at a time, change
 // speed and seek to any step. It satisfies the dashboard's Source interface.
+//
+// What it plays waits for the dashboard in a feed.Mailbox. A dashboard that falls more than
+// the backlog behind loses the events, counted with those the recorded dashboard lost, and
+// the player sends the state it has reached instead.
 type Player struct {
 	rec  *Recording
 	name string
+	mb   *feed.Mailbox
 
-	signal chan struct{}
-	ctrl   chan engine.Control
-	done   chan struct{}
-	cancel context.CancelFunc
+	ctrl chan feed.Control
+	done chan struct{}
 
-	mu      sync.Mutex
-	pending engine.Update
-	status  engine.Status
-	link    engine.Link
+	mu     sync.Mutex
+	cancel context.CancelFunc // set by Run
+	status feed.Status
+	link   feed.Link
 }
 
-// NewPlayer returns a player for rec, starting paused at the first snapshot when paused is
-// set. speed is a multiple of real time. Call Run.
-func NewPlayer(rec *Recording, name string, speed float64, paused bool) *Player {
+// PlayerOptions configure a Player. The zero value plays at real time from the start.
+type PlayerOptions struct {
+	// Speed is a multiple of real time (default 1).
+	Speed float64
+	// Paused starts the player paused at the first snapshot.
+	Paused bool
+	// Backlog is how many events may wait for Take before the player drops them and sends
+	// the state instead (default feed.DefaultBacklog).
+	Backlog int
+}
+
+// NewPlayer returns a player for rec, named name in its Link. Call Run.
+func NewPlayer(rec *Recording, name string, opts PlayerOptions) *Player {
+	speed := opts.Speed
 	if speed <= 0 {
 		speed = 1
 	}
 	p := &Player{
 		rec:    rec,
 		name:   name,
-		signal: make(chan struct{}, 1),
-		ctrl:   make(chan engine.Control, 16),
+		mb:     feed.NewMailbox(opts.Backlog),
+		ctrl:   make(chan feed.Control, 16),
 		done:   make(chan struct{}),
-		status: engine.Status{Paused: paused, Rate: speed, Target: speed, Controllable: true},
-		link:   engine.Link{Name: "replay " + name, State: engine.LinkUp},
+		status: feed.Status{Paused: opts.Paused, Rate: speed, Target: speed, Controllable: true},
+		link:   feed.Link{Name: "replay " + name, State: feed.LinkUp},
 	}
+	p.mb.AddDropped(rec.Dropped)
 	return p
 }
 
 // Run plays until ctx is done or Close is called.
 func (p *Player) Run(ctx context.Context) {
-	ctx, p.cancel = context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(ctx)
+	p.mu.Lock()
+	p.cancel = cancel
+	p.mu.Unlock()
 	defer close(p.done)
+	defer p.mb.Close()
 	items := p.rec.items
 	view, err := engine.NewView(*items[0].snap)
 	if err != nil {
-		p.setLink(engine.LinkClosed, err.Error())
+		p.setLink(feed.LinkClosed, err.Error())
 		return
 	}
 	snap := *items[0].snap
-	p.push(engine.Update{Snapshot: &snap})
+	p.mb.Snapshot(&snap)
 	pos := 1
 	recNow := items[0].at
 	// While paused, a step request plays everything stamped up to target: an engine step
@@ -89,7 +109,7 @@ func (p *Player) Run(ctx context.Context) {
 			wait = time.Duration(float64(wait) / speed)
 		}
 		if atEnd {
-			p.setLink(engine.LinkUp, fmt.Sprintf("end of the recording at step %d", items[len(items)-1].step))
+			p.setLink(feed.LinkUp, fmt.Sprintf("end of the recording at step %d", items[len(items)-1].step))
 		}
 		if wait != 0 {
 			fired := false
@@ -100,30 +120,29 @@ func (p *Player) Run(ctx context.Context) {
 			}
 			select {
 			case <-ctx.Done():
-				p.setLink(engine.LinkClosed, "")
-				close(p.signal)
+				p.setLink(feed.LinkClosed, "")
 				return
 			case c := <-p.ctrl:
 				switch c.Op {
-				case engine.ControlPause:
-					p.setStatus(func(s *engine.Status) { s.Paused = true })
-				case engine.ControlResume:
+				case feed.ControlPause:
+					p.setStatus(func(s *feed.Status) { s.Paused = true })
+				case feed.ControlResume:
 					stepping = false
-					p.setStatus(func(s *engine.Status) { s.Paused = false })
-				case engine.ControlStep:
+					p.setStatus(func(s *feed.Status) { s.Paused = false })
+				case feed.ControlStep:
 					if !stepping {
 						target = cur
 					}
 					stepping, target = true, target+uint64(c.N)
-				case engine.ControlSpeed:
-					p.setStatus(func(s *engine.Status) { s.Target = float64(c.N) / 100; s.Rate = s.Target })
-				case engine.ControlSnapshot:
+				case feed.ControlSpeed:
+					p.setStatus(func(s *feed.Status) { s.Target = float64(c.N) / 100; s.Rate = s.Target })
+				case feed.ControlSnapshot:
 					s := view.Snapshot()
-					p.replace(&s)
-				case engine.ControlSeek:
+					p.mb.Snapshot(&s)
+				case feed.ControlSeek:
 					v, next, err := p.rec.StateAt(uint64(c.N))
 					if err != nil {
-						p.setLink(engine.LinkUp, err.Error())
+						p.setLink(feed.LinkUp, err.Error())
 						break
 					}
 					view, pos, stepping = v, next, false
@@ -132,8 +151,8 @@ func (p *Player) Run(ctx context.Context) {
 						recNow = items[pos].at
 					}
 					s := view.Snapshot()
-					p.replace(&s)
-					p.setStatus(func(s *engine.Status) { s.Paused = true })
+					p.mb.Snapshot(&s)
+					p.setStatus(func(s *feed.Status) { s.Paused = true })
 				}
 			case <-tick:
 				fired = true
@@ -153,71 +172,48 @@ func (p *Player) Run(ctx context.Context) {
 				view = v
 			}
 			s := *it.snap
-			p.replace(&s)
+			p.mb.Snapshot(&s)
 			continue
 		}
 		if err := view.Apply(it.ev); err != nil {
-			p.setLink(engine.LinkUp, err.Error())
+			p.setLink(feed.LinkUp, err.Error())
 		}
-		p.push(engine.Update{Events: []engine.Event{it.ev}})
+		if !p.mb.Offer([]engine.Event{it.ev}) && p.mb.Owed() {
+			// The dashboard fell behind: the state so far replaces what it lost.
+			s := view.Snapshot()
+			p.mb.Snapshot(&s)
+		}
 	}
 }
 
-func (p *Player) push(u engine.Update) {
-	p.mu.Lock()
-	if u.Snapshot != nil {
-		p.pending.Snapshot = u.Snapshot
-		p.pending.Events = nil
-	}
-	p.pending.Events = append(p.pending.Events, u.Events...)
-	p.mu.Unlock()
-	p.notify()
-}
-
-// replace drops what is pending for a fresh state.
-func (p *Player) replace(s *engine.Snapshot) { p.push(engine.Update{Snapshot: s}) }
-
-func (p *Player) setStatus(f func(*engine.Status)) {
+func (p *Player) setStatus(f func(*feed.Status)) {
 	p.mu.Lock()
 	f(&p.status)
 	st := p.status
-	p.pending.Status = &st
 	p.mu.Unlock()
-	p.notify()
+	p.mb.SetStatus(st)
 }
 
-func (p *Player) setLink(state engine.LinkState, msg string) {
+func (p *Player) setLink(state feed.LinkState, msg string) {
 	p.mu.Lock()
 	changed := p.link.State != state || p.link.Err != msg
 	p.link.State, p.link.Err = state, msg
 	p.mu.Unlock()
 	if changed {
-		p.notify()
+		p.mb.Notify()
 	}
 }
 
-func (p *Player) notify() {
-	select {
-	case p.signal <- struct{}{}:
-	default:
-	}
-}
+// C is signalled when updates are pending or the link changed, and closed when the player
+// stops.
+func (p *Player) C() <-chan struct{} { return p.mb.C() }
 
-// C is signalled when updates are pending.
-func (p *Player) C() <-chan struct{} { return p.signal }
-
-// Take returns what is pending.
-func (p *Player) Take() engine.Update {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	u := p.pending
-	u.Dropped = p.rec.Dropped
-	p.pending = engine.Update{}
-	return u
-}
+// Take returns what is pending; Dropped counts the events the recorded dashboard lost and
+// those this one lost by falling behind.
+func (p *Player) Take() feed.Update { return p.mb.Take() }
 
 // Control pauses, resumes, steps, changes speed, seeks or resends the state.
-func (p *Player) Control(c engine.Control) error {
+func (p *Player) Control(c feed.Control) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
@@ -230,7 +226,7 @@ func (p *Player) Control(c engine.Control) error {
 }
 
 // Link reports the recording's name, and the end of it when reached.
-func (p *Player) Link() engine.Link {
+func (p *Player) Link() feed.Link {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.link
@@ -238,8 +234,11 @@ func (p *Player) Link() engine.Link {
 
 // Close stops the player.
 func (p *Player) Close() {
-	if p.cancel != nil {
-		p.cancel()
+	p.mu.Lock()
+	cancel := p.cancel
+	p.mu.Unlock()
+	if cancel != nil {
+		cancel()
 		<-p.done
 	}
 }

@@ -9,7 +9,8 @@ import (
 	"sync"
 
 	"github.com/kvtop/kvtop/engine"
-	"github.com/kvtop/kvtop/wire"
+	"github.com/kvtop/kvtop/feed"
+	"github.com/kvtop/kvtop/wire/protocol"
 )
 
 // Recorder writes updates as frames, one a line.
@@ -38,36 +39,36 @@ func NewRecorder(w io.WriteCloser) *Recorder {
 }
 
 // Write records one update: its drop notice, snapshot, events and status, as frames.
-func (r *Recorder) Write(u engine.Update) error {
+func (r *Recorder) Write(u feed.Update) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.err != nil {
 		return r.err
 	}
 	if u.Dropped > r.last {
-		r.frame(&wire.Frame{Type: wire.FrameDropped, Dropped: &wire.Dropped{Count: u.Dropped - r.last, Total: u.Dropped}})
+		r.frame(&protocol.Frame{Type: protocol.FrameDropped, Dropped: &protocol.Dropped{Count: u.Dropped - r.last, Total: u.Dropped}})
 		r.last = u.Dropped
 	}
 	if u.Snapshot != nil {
 		r.seq++
-		r.frame(&wire.Frame{Type: wire.FrameSnapshot, Seq: r.seq, Snapshot: u.Snapshot})
+		r.frame(&protocol.Frame{Type: protocol.FrameSnapshot, Seq: r.seq, Snapshot: u.Snapshot})
 	}
 	if len(u.Events) > 0 {
 		r.seq++
-		r.frame(&wire.Frame{Type: wire.FrameEvents, Seq: r.seq, Events: u.Events})
+		r.frame(&protocol.Frame{Type: protocol.FrameEvents, Seq: r.seq, Events: u.Events})
 	}
 	if u.Status != nil {
-		r.frame(&wire.Frame{Type: wire.FrameStatus, Status: u.Status})
+		r.frame(&protocol.Frame{Type: protocol.FrameStatus, Status: u.Status})
 	}
 	return r.err
 }
 
-func (r *Recorder) frame(f *wire.Frame) {
+func (r *Recorder) frame(f *protocol.Frame) {
 	if r.err != nil {
 		return
 	}
 	r.buf.Reset()
-	if err := wire.EncodeFrame(&r.buf, f); err != nil {
+	if err := protocol.EncodeFrame(&r.buf, f); err != nil {
 		r.err = fmt.Errorf("record: %w", err)
 		return
 	}
@@ -113,19 +114,19 @@ func Load(r io.Reader) (*Recording, error) {
 		if len(bytes.TrimSpace(b)) == 0 {
 			continue
 		}
-		f, err := wire.DecodeFrame(b)
+		f, err := protocol.DecodeFrame(b)
 		if err != nil {
 			return nil, fmt.Errorf("record: line %d: %w", line, err)
 		}
 		switch f.Type {
-		case wire.FrameSnapshot:
+		case protocol.FrameSnapshot:
 			v, err := engine.NewView(*f.Snapshot)
 			if err != nil {
 				return nil, fmt.Errorf("record: line %d: %w", line, err)
 			}
 			view = v
 			rec.items = append(rec.items, item{snap: f.Snapshot, step: f.Snapshot.Stamp.Step, at: f.Snapshot.Stamp.At})
-		case wire.FrameEvents:
+		case protocol.FrameEvents:
 			if view == nil {
 				return nil, fmt.Errorf("record: line %d: events before any snapshot", line)
 			}
@@ -136,9 +137,9 @@ func Load(r io.Reader) (*Recording, error) {
 				st := ev.When()
 				rec.items = append(rec.items, item{ev: ev, step: st.Step, at: st.At})
 			}
-		case wire.FrameDropped:
+		case protocol.FrameDropped:
 			rec.Dropped += f.Dropped.Count
-		case wire.FrameStatus, wire.FrameHello, wire.FrameError:
+		case protocol.FrameStatus, protocol.FrameHello, protocol.FrameError:
 		}
 	}
 	if err := sc.Err(); err != nil {

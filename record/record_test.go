@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/sim"
 )
 
@@ -33,13 +34,13 @@ func live(t *testing.T, steps int) ([]byte, map[uint64]engine.Snapshot) {
 	var buf bytes.Buffer
 	rec := NewRecorder(nopCloser{&buf})
 	s0 := e.Snapshot()
-	if err := rec.Write(engine.Update{Snapshot: &s0}); err != nil {
+	if err := rec.Write(feed.Update{Snapshot: &s0}); err != nil {
 		t.Fatal(err)
 	}
 	snaps := map[uint64]engine.Snapshot{}
 	ls := &sim.Lockstep{E: e, D: sim.NewDriver(w, sc.Driver), StepTime: 50 * time.Millisecond}
 	ls.OnReady = func(rd engine.Ready) {
-		if err := rec.Write(engine.Update{Events: rd.Events}); err != nil {
+		if err := rec.Write(feed.Update{Events: rd.Events}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -47,7 +48,7 @@ func live(t *testing.T, steps int) ([]byte, map[uint64]engine.Snapshot) {
 	// belong to step N: the state "at step N" is the engine's just before step N+1.
 	ls.BeforeStep = func() {
 		if evs := e.TakeEvents(); len(evs) > 0 {
-			if err := rec.Write(engine.Update{Events: evs}); err != nil {
+			if err := rec.Write(feed.Update{Events: evs}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -55,7 +56,7 @@ func live(t *testing.T, steps int) ([]byte, map[uint64]engine.Snapshot) {
 		snaps[n] = e.Snapshot()
 		if n == uint64(steps/2) {
 			s := e.Snapshot()
-			if err := rec.Write(engine.Update{Snapshot: &s, Dropped: 7}); err != nil {
+			if err := rec.Write(feed.Update{Snapshot: &s, Dropped: 7}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -101,7 +102,7 @@ func TestPlayerStepsAndSeeks(t *testing.T) {
 		t.Fatal(err)
 	}
 	synctest.Test(t, func(t *testing.T) {
-		p := NewPlayer(rec, "test.jsonl", 1, true)
+		p := NewPlayer(rec, "test.jsonl", PlayerOptions{Speed: 1, Paused: true})
 		go p.Run(t.Context())
 		defer p.Close()
 		var view *engine.View
@@ -126,7 +127,7 @@ func TestPlayerStepsAndSeeks(t *testing.T) {
 			t.Fatalf("paused at the start: step %d, want 0", got)
 		}
 		for want := uint64(1); want <= 5; want++ {
-			if err := p.Control(engine.Control{Op: engine.ControlStep, N: 1}); err != nil {
+			if err := p.Control(feed.Control{Op: feed.ControlStep, N: 1}); err != nil {
 				t.Fatal(err)
 			}
 			take()
@@ -137,7 +138,7 @@ func TestPlayerStepsAndSeeks(t *testing.T) {
 				t.Fatalf("step %d: the played state differs from the engine's", want)
 			}
 		}
-		if err := p.Control(engine.Control{Op: engine.ControlSeek, N: 90}); err != nil {
+		if err := p.Control(feed.Control{Op: feed.ControlSeek, N: 90}); err != nil {
 			t.Fatal(err)
 		}
 		take()
@@ -145,8 +146,8 @@ func TestPlayerStepsAndSeeks(t *testing.T) {
 			t.Fatalf("after seeking to step 90: the state differs from the engine's at 90")
 		}
 		// Playing on at 10x runs to the end.
-		_ = p.Control(engine.Control{Op: engine.ControlSpeed, N: 1000})
-		_ = p.Control(engine.Control{Op: engine.ControlResume})
+		_ = p.Control(feed.Control{Op: feed.ControlSpeed, N: 1000})
+		_ = p.Control(feed.Control{Op: feed.ControlResume})
 		time.Sleep(time.Minute)
 		take()
 		if got := view.Last().Step; got != 121 {
@@ -155,8 +156,52 @@ func TestPlayerStepsAndSeeks(t *testing.T) {
 		if l := p.Link(); !strings.Contains(l.Err, "end of the recording") {
 			t.Errorf("Link() at the end = %+v", l)
 		}
-		if err := p.Control(engine.Control{Op: engine.ControlSeek, N: -1}); err == nil {
+		if err := p.Control(feed.Control{Op: feed.ControlSeek, N: -1}); err == nil {
 			t.Errorf("seek to -1 = nil, want an error")
+		}
+	})
+}
+
+// A dashboard that does not keep up with the player loses events, never the player's pace:
+// past the backlog the pending events are dropped, counted on top of those the recorded
+// dashboard lost, and replaced by the state the player has reached, from which what
+// follows applies.
+func TestPlayerBacklogOverflows(t *testing.T) {
+	data, _ := live(t, 120)
+	rec, err := Load(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, last := rec.Steps()
+	end, _, err := rec.StateAt(last)
+	if err != nil {
+		t.Fatal(err)
+	}
+	synctest.Test(t, func(t *testing.T) {
+		const backlog = 32
+		p := NewPlayer(rec, "test.jsonl", PlayerOptions{Speed: 1000, Backlog: backlog})
+		go p.Run(t.Context())
+		defer p.Close()
+		time.Sleep(time.Minute) // plays to the end; nobody takes
+		synctest.Wait()
+		u := p.Take()
+		if u.Dropped <= rec.Dropped {
+			t.Errorf("Take().Dropped = %d after the whole recording went untaken, want more than the %d recorded", u.Dropped, rec.Dropped)
+		}
+		if u.Snapshot == nil || len(u.Events) > backlog {
+			t.Fatalf("Take() = a snapshot %v and %d events, want a snapshot and at most the backlog of %d", u.Snapshot != nil, len(u.Events), backlog)
+		}
+		v, err := engine.NewView(*u.Snapshot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range u.Events {
+			if err := v.Apply(ev); err != nil {
+				t.Fatalf("Apply(%s) after the player's snapshot: %v", ev, err)
+			}
+		}
+		if !reflect.DeepEqual(v.Snapshot(), end.Snapshot()) {
+			t.Errorf("the state taken after the overflow differs from the recording's at its end, step %d", last)
 		}
 	})
 }

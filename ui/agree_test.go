@@ -17,6 +17,7 @@ import (
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/prepare"
 	"github.com/kvtop/kvtop/engine/runner"
+	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/sim"
 	"github.com/kvtop/kvtop/wire"
 )
@@ -120,7 +121,7 @@ func newAgreement(t *testing.T, sc sim.Scenario) *agreement {
 // step runs engine step n and folds everything up to its end into the dashboard.
 func (a *agreement) step(n uint64) {
 	a.clock.advance(100 * time.Millisecond)
-	if err := a.r.Control(engine.Control{Op: engine.ControlStep, N: 1}); err != nil {
+	if err := a.r.Control(feed.Control{Op: feed.ControlStep, N: 1}); err != nil {
 		a.t.Fatal(err)
 	}
 	deadline := time.After(10 * time.Second)

@@ -6,11 +6,12 @@ import (
 	"testing"
 
 	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // big is a large instance: 65,536 pages and 10,000 requests in every state (prepared with
 // KV arriving, running, finished and recycling, leaked, blocked on the watermark).
-var big = sync.OnceValue(func() engine.Update {
+var big = sync.OnceValue(func() feed.Update {
 	var tb testing.B
 	s := newScript(&tb, func(c *engine.Config) {
 		c.MaxTotalSequenceLength = 65535 * 16
@@ -43,7 +44,7 @@ var big = sync.OnceValue(func() engine.Update {
 })
 
 func bigModel(b testing.TB, w, h int) *Model {
-	m, _ := feed(b, nil, Options{Name: "bench", Control: true}, w, h)
+	m, _ := feedModel(b, nil, Options{Name: "bench", Control: true}, w, h)
 	m.Update(updateMsg{big()})
 	return m
 }
@@ -182,7 +183,7 @@ func BenchmarkApplyEvents(b *testing.B) {
 			name = "dashboard-only"
 		}
 		b.Run(name, func(b *testing.B) {
-			m, _ := feed(b, nil, Options{}, 200, 60)
+			m, _ := feedModel(b, nil, Options{}, 200, 60)
 			b.ReportAllocs()
 			i := len(evs)
 			var total int
@@ -191,12 +192,12 @@ func BenchmarkApplyEvents(b *testing.B) {
 					b.StopTimer()
 					if withView {
 						s := snap
-						m.fold(engine.Update{Snapshot: &s})
+						m.fold(feed.Update{Snapshot: &s})
 					}
 					i = 0
 					b.StartTimer()
 				}
-				m.fold(engine.Update{Events: evs[i : i+batch]})
+				m.fold(feed.Update{Events: evs[i : i+batch]})
 				if m.diverged != nil {
 					b.Fatal(m.diverged)
 				}

@@ -50,5 +50,7 @@
 //
 // # Imports
 //
-// ui imports engine (for its value types) and never wire or net.
+// ui imports engine and feed (for their value types) and never wire, engine/runner or net:
+// Source is its own small interface, which the runner's Local, the wire client and the
+// replay player satisfy without ui knowing them.
 package ui

@@ -40,7 +40,7 @@ func TestGolden(t *testing.T) {
 		{name: "nocolor_requests", s: busy, w: 80, h: 24, noColr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m, _ := feed(t, tc.s(t), Options{Name: "embedded", Control: true, NoColor: tc.noColr}, tc.w, tc.h)
+			m, _ := feedModel(t, tc.s(t), Options{Name: "embedded", Control: true, NoColor: tc.noColr}, tc.w, tc.h)
 			for _, k := range tc.keys {
 				m.Update(keyMsg(k))
 			}
@@ -59,7 +59,7 @@ func TestGolden(t *testing.T) {
 // TestNoColorGlyphs checks that without colour the page states still read apart: each
 // state present in the map draws its own glyph, and no two states share one.
 func TestNoColorGlyphs(t *testing.T) {
-	m, _ := feed(t, busy(t), Options{NoColor: true}, 200, 60)
+	m, _ := feedModel(t, busy(t), Options{NoColor: true}, 200, 60)
 	m.Update(keyMsg("2"))
 	out := ansi.Strip(m.View().Content)
 	seen := map[string]bool{}

@@ -10,85 +10,53 @@ import (
 
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/pages"
+	"github.com/kvtop/kvtop/feed"
 )
 
-// fakeSource is a Source fed by a test: push queues an update and signals, as a runner's
-// subscription does; controls are recorded.
+// fakeSource is a Source fed by a test through a feed.Mailbox, as the real producers feed
+// theirs; controls are recorded.
 type fakeSource struct {
-	mu       sync.Mutex
-	c        chan struct{}
-	pending  engine.Update
-	has      bool
-	closed   bool
-	readOnly bool
-	link     engine.Link
-	controls chan engine.Control
+	*feed.Mailbox // C, Take and Close
+	mu            sync.Mutex
+	readOnly      bool
+	link          feed.Link
+	controls      chan feed.Control
 }
 
 func newFakeSource() *fakeSource {
 	return &fakeSource{
-		c:        make(chan struct{}, 1),
-		link:     engine.Link{Name: "embedded", State: engine.LinkUp},
-		controls: make(chan engine.Control, 64),
+		Mailbox:  feed.NewMailbox(0),
+		link:     feed.Link{Name: "embedded", State: feed.LinkUp},
+		controls: make(chan feed.Control, 64),
 	}
 }
 
-func (f *fakeSource) push(u engine.Update) {
-	f.mu.Lock()
-	if f.pending.Snapshot == nil || u.Snapshot != nil {
-		if u.Snapshot != nil {
-			f.pending.Events = nil
-			f.pending.Snapshot = u.Snapshot
-		}
+// push delivers u's snapshot, events and status, as a producer does.
+func (f *fakeSource) push(u feed.Update) {
+	if u.Snapshot != nil {
+		f.Snapshot(u.Snapshot)
 	}
-	f.pending.Events = append(f.pending.Events, u.Events...)
+	f.Offer(u.Events)
 	if u.Status != nil {
-		f.pending.Status = u.Status
-	}
-	f.pending.Dropped = max(f.pending.Dropped, u.Dropped)
-	f.has = true
-	f.mu.Unlock()
-	select {
-	case f.c <- struct{}{}:
-	default:
+		f.SetStatus(*u.Status)
 	}
 }
 
-func (f *fakeSource) C() <-chan struct{} { return f.c }
-
-func (f *fakeSource) Take() engine.Update {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	u := f.pending
-	f.pending = engine.Update{Dropped: u.Dropped}
-	f.has = false
-	return u
-}
-
-func (f *fakeSource) Control(c engine.Control) error {
+func (f *fakeSource) Control(c feed.Control) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	if f.readOnly && c.Op != engine.ControlSnapshot {
-		return engine.ErrReadOnly
+	if f.readOnly && c.Op != feed.ControlSnapshot {
+		return feed.ErrReadOnly
 	}
 	f.controls <- c
 	return nil
 }
 
-func (f *fakeSource) Link() engine.Link {
+func (f *fakeSource) Link() feed.Link {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.link
-}
-
-func (f *fakeSource) Close() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if !f.closed {
-		f.closed = true
-		close(f.c)
-	}
 }
 
 // script drives a real engine deterministically: fixed times, prompts made from the
@@ -216,10 +184,10 @@ func (s *script) abort(id string) *script {
 }
 
 // update is everything so far as one update: the first snapshot and every event since.
-func (s *script) update() engine.Update {
+func (s *script) update() feed.Update {
 	snap := s.snap
-	return engine.Update{Snapshot: &snap, Events: s.events,
-		Status: &engine.Status{Rate: 20, Target: 20, Controllable: true}}
+	return feed.Update{Snapshot: &snap, Events: s.events,
+		Status: &feed.Status{Rate: 20, Target: 20, Controllable: true}}
 }
 
 // watermark is spec 9 example 8: 513 pages, 40 prompts of 40 tokens; 37 are admitted in
@@ -276,8 +244,8 @@ func busy(tb testing.TB) *script {
 	return s
 }
 
-// feed builds a model on a fake source and folds s's update into it, at a size.
-func feed(tb testing.TB, s *script, opts Options, w, h int) (*Model, *fakeSource) {
+// feedModel builds a model on a fake source and folds s's update into it, at a size.
+func feedModel(tb testing.TB, s *script, opts Options, w, h int) (*Model, *fakeSource) {
 	tb.Helper()
 	src := newFakeSource()
 	m := New(src, opts)
@@ -292,8 +260,8 @@ func feed(tb testing.TB, s *script, opts Options, w, h int) (*Model, *fakeSource
 func (s *script) mark() int { return len(s.events) }
 
 // delta is the events made since a mark, as one update.
-func (s *script) delta(from int) engine.Update {
-	return engine.Update{Events: append([]engine.Event(nil), s.events[from:]...)}
+func (s *script) delta(from int) feed.Update {
+	return feed.Update{Events: append([]engine.Event(nil), s.events[from:]...)}
 }
 
 func sizeMsg(w, h int) tea.WindowSizeMsg { return tea.WindowSizeMsg{Width: w, Height: h} }

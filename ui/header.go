@@ -8,6 +8,7 @@ import (
 	"github.com/dustin/go-humanize"
 
 	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // headerKey is what the header depends on: it is rebuilt only when this changes.
@@ -15,8 +16,8 @@ type headerKey struct {
 	ver        uint64
 	width      int
 	styleGen   int
-	status     engine.Status
-	link       engine.Link
+	status     feed.Status
+	link       feed.Link
 	dropped    uint64
 	frozen     bool
 	behind     uint64
@@ -134,7 +135,7 @@ func (m *Model) linkText() string {
 	st := m.st
 	l := m.link
 	switch l.State {
-	case engine.LinkUp:
+	case feed.LinkUp:
 		s := st.Good.Render("● connected")
 		if l.LagMs > 0 {
 			lag := fmt.Sprintf(" lag %s", dur(l.LagMs))
@@ -145,7 +146,7 @@ func (m *Model) linkText() string {
 			}
 		}
 		return s
-	case engine.LinkConnecting, engine.LinkReconnecting:
+	case feed.LinkConnecting, feed.LinkReconnecting:
 		s := fmt.Sprintf("◌ %s", l.State)
 		if l.Attempts > 0 {
 			s += fmt.Sprintf(" (attempt %d)", l.Attempts)
@@ -154,7 +155,7 @@ func (m *Model) linkText() string {
 			s += ": " + l.Err
 		}
 		return st.Bad.Render(s)
-	case engine.LinkClosed:
+	case feed.LinkClosed:
 		return st.Bad.Render("○ closed")
 	}
 	return st.Dim.Render(string(l.State))

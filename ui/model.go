@@ -14,6 +14,7 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // panelID names a panel; the number keys 1…6 select them in this order.
@@ -34,9 +35,9 @@ var panelNames = [numPanels]string{"requests", "pages", "prefix", "segments", "e
 // Messages.
 type (
 	// updateMsg carries everything the source had pending.
-	updateMsg struct{ u engine.Update }
+	updateMsg struct{ u feed.Update }
 	// sourceDoneMsg says the source has ended, with what it still had.
-	sourceDoneMsg struct{ u engine.Update }
+	sourceDoneMsg struct{ u feed.Update }
 	// frameMsg says a frame interval has passed since the last update was folded: time to
 	// take what is pending.
 	frameMsg struct{}
@@ -44,7 +45,7 @@ type (
 	linkTickMsg struct{}
 	// controlDoneMsg is the source's answer to a control.
 	controlDoneMsg struct {
-		c   engine.Control
+		c   feed.Control
 		err error
 	}
 )
@@ -69,9 +70,9 @@ type Model struct {
 	live   *world
 	frozen *world // set while paused: what is drawn
 
-	status     engine.Status
+	status     feed.Status
 	haveStatus bool
-	link       engine.Link
+	link       feed.Link
 	dropped    uint64
 	diverged   error // the view broke; a resync was asked
 	behind     uint64
@@ -153,7 +154,7 @@ func linkTick() tea.Cmd {
 	return tea.Tick(linkPoll, func(time.Time) tea.Msg { return linkTickMsg{} })
 }
 
-func (m *Model) control(c engine.Control) tea.Cmd {
+func (m *Model) control(c feed.Control) tea.Cmd {
 	src := m.src
 	return func() tea.Msg { return controlDoneMsg{c, src.Control(c)} }
 }
@@ -242,7 +243,7 @@ func (m *Model) touch(w *world) {
 
 // fold applies an update to the live world. An event that does not fit the view means the
 // view missed something: it stops applying events and asks the source for a snapshot.
-func (m *Model) fold(u engine.Update) tea.Cmd {
+func (m *Model) fold(u feed.Update) tea.Cmd {
 	if m.opts.OnUpdate != nil {
 		m.opts.OnUpdate(u)
 	}
@@ -257,7 +258,7 @@ func (m *Model) fold(u engine.Update) tea.Cmd {
 		v, err := engine.NewView(*u.Snapshot)
 		if err != nil {
 			m.diverged = err
-			cmd = m.control(engine.Control{Op: engine.ControlSnapshot})
+			cmd = m.control(feed.Control{Op: feed.ControlSnapshot})
 		} else {
 			w.view, m.diverged = v, nil
 			m.clock++
@@ -280,7 +281,7 @@ func (m *Model) fold(u engine.Update) tea.Cmd {
 		}
 		if err := w.view.Apply(ev); err != nil {
 			m.diverged = err
-			cmd = m.control(engine.Control{Op: engine.ControlSnapshot})
+			cmd = m.control(feed.Control{Op: feed.ControlSnapshot})
 		}
 	}
 	if w.view != nil && w.view.PagesVersion() != w.viewPages {
@@ -401,7 +402,7 @@ func (m *Model) onKey(k tea.KeyPressMsg) tea.Cmd {
 		return m.step()
 	case key.Matches(k, m.keys.Resync):
 		m.setMessage("resync: a fresh snapshot was asked for", false)
-		return m.control(engine.Control{Op: engine.ControlSnapshot})
+		return m.control(feed.Control{Op: feed.ControlSnapshot})
 	case key.Matches(k, m.keys.Faster, m.keys.Slower):
 		speed := m.status.Target
 		if speed <= 0 {
@@ -414,7 +415,7 @@ func (m *Model) onKey(k tea.KeyPressMsg) tea.Cmd {
 		}
 		pct := min(max(int(speed*100+0.5), 1), 100_000)
 		m.setMessage(fmt.Sprintf("speed ×%g", float64(pct)/100), false)
-		return m.control(engine.Control{Op: engine.ControlSpeed, N: pct})
+		return m.control(feed.Control{Op: feed.ControlSpeed, N: pct})
 	case key.Matches(k, m.keys.Seek):
 		m.seeking, m.seekBuf = true, ""
 	case key.Matches(k, m.keys.Back):
@@ -506,7 +507,7 @@ func (m *Model) seekKey(k tea.KeyPressMsg) tea.Cmd {
 			return nil
 		}
 		m.setMessage(fmt.Sprintf("going to step %d", n), false)
-		return m.control(engine.Control{Op: engine.ControlSeek, N: n})
+		return m.control(feed.Control{Op: feed.ControlSeek, N: n})
 	case len(k.Text) == 1 && k.Text[0] >= '0' && k.Text[0] <= '9' && len(m.seekBuf) < 12:
 		m.seekBuf += k.Text
 	}
@@ -554,13 +555,13 @@ func (m *Model) togglePause() tea.Cmd {
 		// The engine is paused already (started paused, or paused by another dashboard):
 		// p resumes it rather than pausing twice.
 		m.setMessage("resumed", false)
-		return m.control(engine.Control{Op: engine.ControlResume})
+		return m.control(feed.Control{Op: feed.ControlResume})
 	}
 	if m.frozen == nil {
 		m.freeze()
 		if ctl {
 			m.setMessage("paused: engine paused, view frozen", false)
-			return m.control(engine.Control{Op: engine.ControlPause})
+			return m.control(feed.Control{Op: feed.ControlPause})
 		}
 		m.setMessage("paused: view frozen (the engine runs on: read-only)", false)
 		return nil
@@ -569,7 +570,7 @@ func (m *Model) togglePause() tea.Cmd {
 	m.refreeze = false
 	m.setMessage("resumed", false)
 	if ctl {
-		return m.control(engine.Control{Op: engine.ControlResume})
+		return m.control(feed.Control{Op: feed.ControlResume})
 	}
 	return nil
 }
@@ -584,7 +585,7 @@ func (m *Model) step() tea.Cmd {
 		m.refreeze = true
 	}
 	m.setMessage("step", false)
-	return m.control(engine.Control{Op: engine.ControlStep, N: 1})
+	return m.control(feed.Control{Op: feed.ControlStep, N: 1})
 }
 
 // Layout.

@@ -9,6 +9,7 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // press sends keys to the model directly and runs what they return: a key returns at most
@@ -26,8 +27,8 @@ func press(m *Model, keys ...string) {
 }
 
 // controls drains the controls a fake source received.
-func controls(src *fakeSource) []engine.Control {
-	var out []engine.Control
+func controls(src *fakeSource) []feed.Control {
+	var out []feed.Control
 	for {
 		select {
 		case c := <-src.controls:
@@ -41,7 +42,7 @@ func controls(src *fakeSource) []engine.Control {
 func screen(m *Model) string { return ansi.Strip(m.View().Content) }
 
 func TestPanelSwitching(t *testing.T) {
-	m, _ := feed(t, watermark(t), Options{}, 100, 30)
+	m, _ := feedModel(t, watermark(t), Options{}, 100, 30)
 	want := func(p panelID) {
 		t.Helper()
 		if m.active != p {
@@ -67,7 +68,7 @@ func TestPanelSwitching(t *testing.T) {
 }
 
 func TestDetailEnterEsc(t *testing.T) {
-	m, _ := feed(t, watermark(t), Options{}, 100, 40)
+	m, _ := feedModel(t, watermark(t), Options{}, 100, 40)
 	// Stuck first: the watermark-blocked head is the first row.
 	if got := m.requests.selected(); got != "r-37" {
 		t.Fatalf("selected = %q, want r-37 (the blocked head, stuck first)", got)
@@ -94,7 +95,7 @@ func TestDetailEnterEsc(t *testing.T) {
 }
 
 func TestFilter(t *testing.T) {
-	m, _ := feed(t, busy(t), Options{}, 120, 60)
+	m, _ := feedModel(t, busy(t), Options{}, 120, 60)
 	ids := func() []string {
 		var out []string
 		for _, r := range m.requests.rows {
@@ -141,7 +142,7 @@ func TestFilter(t *testing.T) {
 }
 
 func TestSort(t *testing.T) {
-	m, _ := feed(t, busy(t), Options{}, 120, 60)
+	m, _ := feedModel(t, busy(t), Options{}, 120, 60)
 	first := func() string { return m.requests.rows[0].r.ID }
 	if first() != "b-24" {
 		t.Errorf("stuck first: first row %s, want b-24", first())
@@ -175,12 +176,12 @@ func TestSort(t *testing.T) {
 
 func TestPauseFreezesView(t *testing.T) {
 	s := watermark(t)
-	m, src := feed(t, s, Options{Control: true}, 100, 30)
+	m, src := feedModel(t, s, Options{Control: true}, 100, 30)
 	press(m, "p")
 	if m.frozen == nil {
 		t.Fatal("p did not freeze the view")
 	}
-	if got := controls(src); len(got) != 1 || got[0].Op != engine.ControlPause {
+	if got := controls(src); len(got) != 1 || got[0].Op != feed.ControlPause {
 		t.Fatalf("controls after p = %v, want pause", got)
 	}
 	before := m.drawn().view.Stamp()
@@ -203,7 +204,7 @@ func TestPauseFreezesView(t *testing.T) {
 	if m.frozen != nil {
 		t.Fatal("second p did not resume")
 	}
-	if got := controls(src); len(got) != 1 || got[0].Op != engine.ControlResume {
+	if got := controls(src); len(got) != 1 || got[0].Op != feed.ControlResume {
 		t.Fatalf("controls after second p = %v, want resume", got)
 	}
 	if r, _ := m.drawn().view.Request("r-00"); r.Received != 39 {
@@ -212,7 +213,7 @@ func TestPauseFreezesView(t *testing.T) {
 }
 
 func TestPauseReadOnly(t *testing.T) {
-	m, src := feed(t, watermark(t), Options{Control: false}, 100, 30)
+	m, src := feedModel(t, watermark(t), Options{Control: false}, 100, 30)
 	press(m, "p")
 	if m.frozen == nil {
 		t.Fatal("p did not freeze a read-only view")
@@ -233,14 +234,14 @@ func TestPauseReadOnly(t *testing.T) {
 	}
 	// Resync is allowed read-only.
 	press(m, "r")
-	if got := controls(src); len(got) != 1 || got[0].Op != engine.ControlSnapshot {
+	if got := controls(src); len(got) != 1 || got[0].Op != feed.ControlSnapshot {
 		t.Errorf("r sent %v, want snapshot", got)
 	}
 }
 
 func TestStatusOverridesControl(t *testing.T) {
-	m, src := feed(t, watermark(t), Options{Control: true}, 100, 30)
-	m.Update(updateMsg{engine.Update{Status: &engine.Status{Controllable: false}}})
+	m, src := feedModel(t, watermark(t), Options{Control: true}, 100, 30)
+	m.Update(updateMsg{feed.Update{Status: &feed.Status{Controllable: false}}})
 	press(m, "n")
 	if got := controls(src); len(got) != 0 || !m.messageErr {
 		t.Errorf("step with a status saying read-only: sent %v, message %q", got, m.message)
@@ -249,10 +250,10 @@ func TestStatusOverridesControl(t *testing.T) {
 
 func TestSingleStepWhileFrozen(t *testing.T) {
 	s := watermark(t)
-	m, src := feed(t, s, Options{Control: true}, 100, 30)
+	m, src := feedModel(t, s, Options{Control: true}, 100, 30)
 	press(m, "p", "n")
 	got := controls(src)
-	if len(got) != 2 || got[1] != (engine.Control{Op: engine.ControlStep, N: 1}) {
+	if len(got) != 2 || got[1] != (feed.Control{Op: feed.ControlStep, N: 1}) {
 		t.Fatalf("controls = %v, want pause, step 1", got)
 	}
 	mark := s.mark()
@@ -267,7 +268,7 @@ func TestSingleStepWhileFrozen(t *testing.T) {
 }
 
 func TestControlRefused(t *testing.T) {
-	m, src := feed(t, watermark(t), Options{Control: true}, 100, 30)
+	m, src := feedModel(t, watermark(t), Options{Control: true}, 100, 30)
 	src.readOnly = true
 	press(m, "n")
 	if !m.messageErr || !strings.Contains(m.message, "read-only") {
@@ -277,8 +278,8 @@ func TestControlRefused(t *testing.T) {
 
 func TestDivergedAsksForSnapshot(t *testing.T) {
 	s := watermark(t)
-	m, src := feed(t, s, Options{}, 100, 30)
-	cmd := m.fold(engine.Update{Events: []engine.Event{engine.KVReceived{ID: "nobody", Received: 1, Reserved: 1}}})
+	m, src := feedModel(t, s, Options{}, 100, 30)
+	cmd := m.fold(feed.Update{Events: []engine.Event{engine.KVReceived{ID: "nobody", Received: 1, Reserved: 1}}})
 	if m.diverged == nil || !errors.Is(m.diverged, engine.ErrDiverged) {
 		t.Fatalf("diverged = %v, want ErrDiverged", m.diverged)
 	}
@@ -286,7 +287,7 @@ func TestDivergedAsksForSnapshot(t *testing.T) {
 		t.Fatal("no resync asked")
 	}
 	cmd()
-	if got := controls(src); len(got) != 1 || got[0].Op != engine.ControlSnapshot {
+	if got := controls(src); len(got) != 1 || got[0].Op != feed.ControlSnapshot {
 		t.Fatalf("controls = %v, want snapshot", got)
 	}
 	m.refresh()
@@ -294,19 +295,19 @@ func TestDivergedAsksForSnapshot(t *testing.T) {
 		t.Error("the divergence is not on the screen")
 	}
 	snap := s.e.Snapshot()
-	m.Update(updateMsg{engine.Update{Snapshot: &snap}})
+	m.Update(updateMsg{feed.Update{Snapshot: &snap}})
 	if m.diverged != nil {
 		t.Errorf("a snapshot did not clear the divergence: %v", m.diverged)
 	}
 }
 
 func TestOnUpdateSeesEveryUpdate(t *testing.T) {
-	var got []engine.Update
+	var got []feed.Update
 	s := watermark(t)
-	m, _ := feed(t, nil, Options{OnUpdate: func(u engine.Update) { got = append(got, u) }}, 100, 30)
+	m, _ := feedModel(t, nil, Options{OnUpdate: func(u feed.Update) { got = append(got, u) }}, 100, 30)
 	u := s.update()
 	m.Update(updateMsg{u})
-	m.Update(sourceDoneMsg{engine.Update{}})
+	m.Update(sourceDoneMsg{feed.Update{}})
 	if len(got) != 2 || got[0].Snapshot != u.Snapshot || len(got[0].Events) != len(u.Events) {
 		t.Fatalf("OnUpdate saw %d updates, want 2 with the first as sent", len(got))
 	}
@@ -316,13 +317,13 @@ func TestOnUpdateSeesEveryUpdate(t *testing.T) {
 }
 
 func TestEventLogBounded(t *testing.T) {
-	m, _ := feed(t, watermark(t), Options{EventLog: 100}, 100, 30)
+	m, _ := feedModel(t, watermark(t), Options{EventLog: 100}, 100, 30)
 	for i := range 50 {
 		evs := make([]engine.Event, 100)
 		for j := range evs {
 			evs[j] = engine.StepCompleted{Stamp: engine.Stamp{Step: uint64(i*100 + j + 10)}}
 		}
-		m.Update(updateMsg{engine.Update{Events: evs}})
+		m.Update(updateMsg{feed.Update{Events: evs}})
 	}
 	if n := m.live.events.len(); n != 100 {
 		t.Errorf("log holds %d, want 100", n)
@@ -336,7 +337,7 @@ func TestEventLogBounded(t *testing.T) {
 }
 
 func TestIdleDoesNotRedraw(t *testing.T) {
-	m, _ := feed(t, busy(t), Options{}, 120, 40)
+	m, _ := feedModel(t, busy(t), Options{}, 120, 40)
 	frames, out := m.frames, m.requests.out
 	for range 5 {
 		m.Update(linkTickMsg{})
@@ -351,21 +352,21 @@ func TestIdleDoesNotRedraw(t *testing.T) {
 }
 
 func TestLinkStates(t *testing.T) {
-	m, src := feed(t, watermark(t), Options{}, 120, 30)
-	src.link = engine.Link{Name: "10.0.0.7:7070", State: engine.LinkReconnecting, Attempts: 3, Err: "connection refused"}
+	m, src := feedModel(t, watermark(t), Options{}, 120, 30)
+	src.link = feed.Link{Name: "10.0.0.7:7070", State: feed.LinkReconnecting, Attempts: 3, Err: "connection refused"}
 	m.Update(linkTickMsg{})
 	s := screen(m)
 	if !strings.Contains(s, "reconnecting (attempt 3): connection refused") || !strings.Contains(s, "10.0.0.7:7070") {
 		t.Errorf("reconnecting link not shown:\n%s", s)
 	}
-	m.Update(updateMsg{engine.Update{Dropped: 1234}})
+	m.Update(updateMsg{feed.Update{Dropped: 1234}})
 	if !strings.Contains(screen(m), "dropped 1,234") {
 		t.Error("dropped frames not shown")
 	}
 }
 
 func TestResize(t *testing.T) {
-	m, _ := feed(t, busy(t), Options{}, 80, 24)
+	m, _ := feedModel(t, busy(t), Options{}, 80, 24)
 	for _, sz := range [][2]int{{200, 60}, {60, 15}, {80, 24}, {150, 40}} {
 		m.Update(sizeMsg(sz[0], sz[1]))
 		for p := range numPanels {
@@ -376,7 +377,7 @@ func TestResize(t *testing.T) {
 }
 
 func TestPageMapMarksSelection(t *testing.T) {
-	m, _ := feed(t, busy(t), Options{}, 200, 50)
+	m, _ := feedModel(t, busy(t), Options{}, 200, 50)
 	m.Update(keyMsg("/"))
 	press(m, "b", "-", "0", "3", "enter")
 	if m.requests.selected() != "b-03" {

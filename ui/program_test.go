@@ -10,7 +10,7 @@ import (
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/colorprofile"
 
-	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // syncBuffer is the program's output, read by the test once the program is done.
@@ -51,8 +51,8 @@ func within[T any](t *testing.T, c <-chan T, what string) T {
 func TestProgram(t *testing.T) {
 	s := watermark(t)
 	src := newFakeSource()
-	folded := make(chan engine.Update, 16)
-	m := New(src, Options{Name: "test", Control: true, OnUpdate: func(u engine.Update) { folded <- u }})
+	folded := make(chan feed.Update, 16)
+	m := New(src, Options{Name: "test", Control: true, OnUpdate: func(u feed.Update) { folded <- u }})
 	var out syncBuffer
 	p := tea.NewProgram(m, tea.WithInput(nil), tea.WithOutput(&out), tea.WithWindowSize(100, 30),
 		tea.WithColorProfile(colorprofile.ASCII), tea.WithoutSignals())
@@ -79,7 +79,7 @@ func TestProgram(t *testing.T) {
 	send("j", "k")                                             // choose the top row, r-37
 	send("s")                                                  // sort: arrival
 	send("p")                                                  // pause
-	if c := within(t, src.controls, "the pause control"); c.Op != engine.ControlPause {
+	if c := within(t, src.controls, "the pause control"); c.Op != feed.ControlPause {
 		t.Fatalf("control %v, want pause", c)
 	}
 	mark := s.mark()
@@ -87,7 +87,7 @@ func TestProgram(t *testing.T) {
 	src.push(s.delta(mark))
 	within(t, folded, "an update while paused")
 	send("n")
-	if c := within(t, src.controls, "the step control"); c != (engine.Control{Op: engine.ControlStep, N: 1}) {
+	if c := within(t, src.controls, "the step control"); c != (feed.Control{Op: feed.ControlStep, N: 1}) {
 		t.Fatalf("control %v, want step 1", c)
 	}
 	send("enter", "esc", "enter") // detail of the selected request, back, and in again

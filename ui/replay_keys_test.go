@@ -5,7 +5,7 @@ import (
 
 	tea "charm.land/bubbletea/v2"
 
-	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // The replay keys: + and - double and halve the speed the source reports; : then a number
@@ -13,8 +13,8 @@ import (
 func TestReplayKeysSendSpeedAndSeek(t *testing.T) {
 	src := newFakeSource()
 	m := New(src, Options{Control: true})
-	m.status = engine.Status{Target: 1, Controllable: true}
-	var got []engine.Control
+	m.status = feed.Status{Target: 1, Controllable: true}
+	var got []feed.Control
 	press := func(s string) {
 		for _, r := range s {
 			if cmd := m.onKey(tea.KeyPressMsg{Code: r, Text: string(r)}); cmd != nil {
@@ -32,7 +32,7 @@ func TestReplayKeysSendSpeedAndSeek(t *testing.T) {
 		cmd()
 		got = append(got, <-src.controls)
 	}
-	want := []engine.Control{{Op: engine.ControlSpeed, N: 200}, {Op: engine.ControlSpeed, N: 50}, {Op: engine.ControlSpeed, N: 25}, {Op: engine.ControlSeek, N: 42}}
+	want := []feed.Control{{Op: feed.ControlSpeed, N: 200}, {Op: feed.ControlSpeed, N: 50}, {Op: feed.ControlSpeed, N: 25}, {Op: feed.ControlSeek, N: 42}}
 	if len(got) != len(want) {
 		t.Fatalf("controls = %+v, want %+v", got, want)
 	}
@@ -48,13 +48,13 @@ func TestReplayKeysSendSpeedAndSeek(t *testing.T) {
 func TestPauseKeyResumesAPausedEngine(t *testing.T) {
 	src := newFakeSource()
 	m := New(src, Options{Control: true})
-	m.status, m.haveStatus = engine.Status{Paused: true, Controllable: true}, true
+	m.status, m.haveStatus = feed.Status{Paused: true, Controllable: true}, true
 	cmd := m.onKey(tea.KeyPressMsg{Code: 'p', Text: "p"})
 	if cmd == nil {
 		t.Fatal("p sent nothing")
 	}
 	cmd()
-	if c := <-src.controls; c.Op != engine.ControlResume {
+	if c := <-src.controls; c.Op != feed.ControlResume {
 		t.Errorf("p on a paused engine sent %v, want resume", c)
 	}
 	if m.frozen != nil {
@@ -63,7 +63,7 @@ func TestPauseKeyResumesAPausedEngine(t *testing.T) {
 	// Running again, p pauses and freezes.
 	m.status.Paused = false
 	m.onKey(tea.KeyPressMsg{Code: 'p', Text: "p"})()
-	if c := <-src.controls; c.Op != engine.ControlPause || m.frozen == nil {
+	if c := <-src.controls; c.Op != feed.ControlPause || m.frozen == nil {
 		t.Errorf("p on a running engine sent %v, frozen %v; want pause and a frozen view", c, m.frozen != nil)
 	}
 }

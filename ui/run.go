@@ -8,7 +8,7 @@ import (
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/colorprofile"
 
-	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // Options configure the dashboard.
@@ -38,7 +38,7 @@ type Options struct {
 	// OnUpdate, when set, is called with every update taken from the source, before it is
 	// folded into the view (for --record). It runs on the dashboard's goroutine: it must
 	// not block.
-	OnUpdate func(engine.Update)
+	OnUpdate func(feed.Update)
 }
 
 // Run runs the dashboard on the terminal (alternate screen) until the user quits, ctx is

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/runner"
+	"github.com/kvtop/kvtop/feed"
 )
 
 var _ Source = (*runner.Local)(nil)
@@ -32,8 +33,8 @@ func TestRunnerEndToEnd(t *testing.T) {
 	go func() { _ = r.Run(ctx) }()
 	src := r.Local()
 
-	folded := make(chan engine.Update, 64)
-	m := New(src, Options{Control: true, OnUpdate: func(u engine.Update) {
+	folded := make(chan feed.Update, 64)
+	m := New(src, Options{Control: true, OnUpdate: func(u feed.Update) {
 		select {
 		case folded <- u:
 		default:
@@ -102,7 +103,7 @@ func TestRunnerEndToEnd(t *testing.T) {
 	}
 }
 
-func stepped(u engine.Update) bool {
+func stepped(u feed.Update) bool {
 	for _, ev := range u.Events {
 		if _, ok := ev.(engine.StepCompleted); ok {
 			return true

@@ -6,7 +6,7 @@ import "testing"
 // map as it was, so the page map is not drawn again, and that a KV write does not.
 func TestIdleStepsKeepPages(t *testing.T) {
 	s := watermark(t)
-	m, _ := feed(t, s, Options{}, 120, 40)
+	m, _ := feedModel(t, s, Options{}, 120, 40)
 	m.live.pages()
 	built, drawn := m.live.view.PagesVersion(), m.live.pageVer
 	mark := s.mark()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/wire/protocol"
 )
 
 // readBody reads a call's body up to limit bytes; beyond, 413.
@@ -182,8 +183,8 @@ func (s *Server) streamCompletion(ctx context.Context, w http.ResponseWriter, sg
 		case t, ok := <-toks:
 			if !ok {
 				return send(struct {
-					Error ErrorBody `json:"error"`
-				}{ErrorBody{Message: fmt.Sprintf("start_generate %s: the engine stopped", sg.ID), Type: errUnavailable}})
+					Error protocol.ErrorBody `json:"error"`
+				}{protocol.ErrorBody{Message: fmt.Sprintf("start_generate %s: the engine stopped", sg.ID), Type: errUnavailable}})
 			}
 			ch := c
 			ch.Choices = []Choice{{Text: TokenText(t.Token)}}

@@ -13,6 +13,7 @@ import (
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/pages"
 	"github.com/kvtop/kvtop/engine/prepare"
+	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/wire"
 )
 
@@ -132,7 +133,7 @@ func TestExample8Capacity(t *testing.T) {
 			return n == uint64(i+1)
 		})
 	}
-	if err := h.r.Control(engine.Control{Op: engine.ControlStep, N: 1}); err != nil {
+	if err := h.r.Control(feed.Control{Op: feed.ControlStep, N: 1}); err != nil {
 		t.Fatal(err)
 	}
 	for range 37 {

@@ -19,6 +19,8 @@ import (
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/pages"
 	"github.com/kvtop/kvtop/engine/runner"
+	"github.com/kvtop/kvtop/feed"
+	"github.com/kvtop/kvtop/wire/protocol"
 )
 
 // steady is a runner hook that keeps n requests decoding: each finished one is replaced by
@@ -113,34 +115,34 @@ func eventLog(b *testing.B, n int) []engine.Event {
 	return out[:n]
 }
 
-// feed is a stream source that always has a batch of events ready: it measures the wire
+// batchSource is a stream source that always has a batch of events ready: it measures the wire
 // (encode, write, read, decode), not the engine.
-type feed struct {
+type batchSource struct {
 	sig   chan struct{}
 	snap  *engine.Snapshot
 	batch []engine.Event
 	first bool
 }
 
-func newFeed(snap *engine.Snapshot, batch []engine.Event) *feed {
-	f := &feed{sig: make(chan struct{}, 1), snap: snap, batch: batch, first: true}
+func newBatchSource(snap *engine.Snapshot, batch []engine.Event) *batchSource {
+	f := &batchSource{sig: make(chan struct{}, 1), snap: snap, batch: batch, first: true}
 	f.sig <- struct{}{}
 	return f
 }
 
-func (f *feed) C() <-chan struct{} { return f.sig }
-func (f *feed) Resync()            {}
-func (f *feed) Close()             {}
-func (f *feed) Take() engine.Update {
+func (f *batchSource) C() <-chan struct{} { return f.sig }
+func (f *batchSource) Resync()            {}
+func (f *batchSource) Close()             {}
+func (f *batchSource) Take() feed.Update {
 	select {
 	case f.sig <- struct{}{}:
 	default:
 	}
 	if f.first {
 		f.first = false
-		return engine.Update{Snapshot: f.snap}
+		return feed.Update{Snapshot: f.snap}
 	}
-	return engine.Update{Events: f.batch}
+	return feed.Update{Events: f.batch}
 }
 
 // BenchmarkStreamEvents is events delivered per second through the wire (encoded by the
@@ -156,7 +158,7 @@ func BenchmarkStreamEvents(b *testing.B) {
 		for _, batch := range []int{1, 64, 1024, 4096} {
 			b.Run(fmt.Sprintf("clients=%d/batch=%d", clients, batch), func(b *testing.B) {
 				srv := NewServer(r, Options{})
-				srv.subscribe = func() source { return newFeed(&snap, log[:batch]) }
+				srv.subscribe = func() source { return newBatchSource(&snap, log[:batch]) }
 				ts := httptest.NewServer(srv)
 				defer func() { srv.Close(); ts.Close() }()
 				cs := make([]*Client, clients)
@@ -197,8 +199,8 @@ func BenchmarkStreamBytes(b *testing.B) {
 	log := eventLog(b, 4096)
 	for _, batch := range []int{1, 4096} {
 		var buf bytes.Buffer
-		var enc eventEncoder
-		if err := enc.frame(&buf, 1, log[:batch]); err != nil {
+		var enc protocol.Encoder
+		if err := enc.Encode(&buf, &protocol.Frame{Type: protocol.FrameEvents, Seq: 1, Events: log[:batch]}); err != nil {
 			b.Fatal(err)
 		}
 		msg := buf.Bytes()
@@ -349,7 +351,7 @@ func BenchmarkEngineSteps(b *testing.B) {
 			}
 			// Warm up: let the clients connect and fall behind.
 			warm := steps() + 2000
-			r.Control(engine.Control{Op: engine.ControlStep, N: 2000})
+			r.Control(feed.Control{Op: feed.ControlStep, N: 2000})
 			for steps() < warm {
 				time.Sleep(time.Millisecond)
 			}
@@ -358,7 +360,7 @@ func BenchmarkEngineSteps(b *testing.B) {
 			for done := 0; done < b.N; done += chunk {
 				n := min(chunk, b.N-done)
 				target := steps() + uint64(n)
-				r.Control(engine.Control{Op: engine.ControlStep, N: n})
+				r.Control(feed.Control{Op: feed.ControlStep, N: n})
 				for steps() < target {
 					time.Sleep(200 * time.Microsecond)
 				}

@@ -17,7 +17,8 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
+	"github.com/kvtop/kvtop/wire/protocol"
 )
 
 // Errors of the client.
@@ -43,7 +44,7 @@ type ClientOptions struct {
 	// engine is big).
 	ReadLimit int64
 	// Backlog is how many events may wait for Take before the client drops them and asks
-	// for a snapshot (default 65536).
+	// for a snapshot (default feed.DefaultBacklog).
 	Backlog int
 	// NetDialContext, when set, opens the TCP connections (tests use it).
 	NetDialContext func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -65,9 +66,6 @@ func (o ClientOptions) withDefaults() ClientOptions {
 	if o.ReadLimit <= 0 {
 		o.ReadLimit = 1 << 30
 	}
-	if o.Backlog <= 0 {
-		o.Backlog = 65536
-	}
 	return o
 }
 
@@ -75,24 +73,22 @@ func (o ClientOptions) withDefaults() ClientOptions {
 // dashboard's Source: C, Take, Control, Link and Close. It reconnects with backoff when the
 // connection fails; each new connection starts with a snapshot. A gap in seq, an event that
 // does not decode, or a backlog that overflows makes it drop what it has and ask for a
-// snapshot: deltas are an optimisation, the snapshot is the truth.
+// snapshot: deltas are an optimisation, the snapshot is the truth. What it has received
+// waits in a feed.Mailbox, which owes a snapshot from the moment the client asks for one
+// until the server's comes.
 type Client struct {
 	url  string
 	opts ClientOptions
+	mb   *feed.Mailbox
 
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
-	signal chan struct{}
 
 	mu      sync.Mutex
-	pending engine.Update
-	n       int // events pending
-	dropped uint64
-	link    engine.Link
+	link    feed.Link
 	conn    *websocket.Conn // nil between connections
-	hello   *Hello
-	closed  bool // signal is closed
+	hello   *protocol.Hello
 	wasUp   bool
 	resyncs uint64     // snapshots asked for after a gap, a bad frame or an overflow
 	wmu     sync.Mutex // one writer at a time on conn
@@ -135,9 +131,9 @@ func newClient(target string, opts ClientOptions) (*Client, error) {
 	pu, _ := url.Parse(u)
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Client{
-		url: u, opts: opts.withDefaults(), ctx: ctx, cancel: cancel,
-		done: make(chan struct{}), signal: make(chan struct{}, 1),
-		link: engine.Link{Name: pu.Host, State: engine.LinkConnecting},
+		url: u, opts: opts.withDefaults(), mb: feed.NewMailbox(opts.Backlog), ctx: ctx, cancel: cancel,
+		done: make(chan struct{}),
+		link: feed.Link{Name: pu.Host, State: feed.LinkConnecting},
 	}, nil
 }
 
@@ -172,48 +168,42 @@ func Attach(target string, opts ClientOptions) (*Client, error) {
 	return c, nil
 }
 
-// C is signalled when updates are pending, and closed when the client ends.
-func (c *Client) C() <-chan struct{} { return c.signal }
+// C is signalled when updates are pending or the link changed, and closed when the client
+// ends.
+func (c *Client) C() <-chan struct{} { return c.mb.C() }
 
 // Take returns everything pending: a snapshot to start over from (when set), then events in
-// order, the latest status, and the events lost so far.
-func (c *Client) Take() engine.Update {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	u := c.pending
-	u.Dropped = c.dropped
-	c.pending = engine.Update{}
-	c.n = 0
-	return u
-}
+// order, the latest status, and the events lost so far (those the server dropped for this
+// client and those the client dropped itself).
+func (c *Client) Take() feed.Update { return c.mb.Take() }
 
 // Link says which server the client is attached to and how the connection stands.
-func (c *Client) Link() engine.Link {
+func (c *Client) Link() feed.Link {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.link
 }
 
 // Control sends a control to the server: a snapshot request always; pause, resume and step
-// only when the server's hello allowed control (else engine.ErrReadOnly). It does not wait
+// only when the server's hello allowed control (else feed.ErrReadOnly). It does not wait
 // for the effect, which comes back as a status frame or a snapshot.
-func (c *Client) Control(ctl engine.Control) error {
+func (c *Client) Control(ctl feed.Control) error {
 	if err := ctl.Validate(); err != nil {
 		return err
 	}
 	c.mu.Lock()
 	conn, hello := c.conn, c.hello
 	c.mu.Unlock()
-	if ctl.Op != engine.ControlSnapshot && hello != nil && !hello.Control {
-		return engine.ErrReadOnly
+	if ctl.Op != feed.ControlSnapshot && hello != nil && !hello.Control {
+		return feed.ErrReadOnly
 	}
 	if conn == nil {
-		if ctl.Op == engine.ControlSnapshot {
+		if ctl.Op == feed.ControlSnapshot {
 			return nil // the next connection starts with one
 		}
 		return ErrNotConnected
 	}
-	return c.send(conn, clientMessage{Type: string(ctl.Op), N: ctl.N})
+	return c.send(conn, protocol.ClientMessage{Type: string(ctl.Op), N: ctl.N})
 }
 
 // Resyncs counts the snapshots the client asked for on its own: after a gap in seq, a frame
@@ -235,7 +225,7 @@ func (c *Client) Close() {
 	<-c.done
 }
 
-func (c *Client) send(conn *websocket.Conn, m clientMessage) error {
+func (c *Client) send(conn *websocket.Conn, m protocol.ClientMessage) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
@@ -246,7 +236,7 @@ func (c *Client) send(conn *websocket.Conn, m clientMessage) error {
 }
 
 // connect dials the stream and reads the hello.
-func (c *Client) connect(ctx context.Context) (*websocket.Conn, *Hello, error) {
+func (c *Client) connect(ctx context.Context) (*websocket.Conn, *protocol.Hello, error) {
 	d := websocket.Dialer{
 		HandshakeTimeout: c.opts.HandshakeTimeout,
 		NetDialContext:   c.opts.NetDialContext,
@@ -265,7 +255,7 @@ func (c *Client) connect(ctx context.Context) (*websocket.Conn, *Hello, error) {
 		defer resp.Body.Close()
 		msg := resp.Status
 		var eb struct {
-			Error ErrorBody `json:"error"`
+			Error protocol.ErrorBody `json:"error"`
 		}
 		if b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10)); json.Unmarshal(b, &eb) == nil && eb.Error.Message != "" {
 			msg = eb.Error.Message
@@ -285,17 +275,17 @@ func (c *Client) connect(ctx context.Context) (*websocket.Conn, *Hello, error) {
 		conn.Close()
 		return nil, nil, fmt.Errorf("wire: attach %s: reading the hello: %w", c.url, err)
 	}
-	f, err := DecodeFrame(data)
-	if err == nil && f.Type != FrameHello {
-		err = fmt.Errorf("%w: the first frame is %s, not hello", ErrProtocol, f.Type)
+	f, err := protocol.DecodeFrame(data)
+	if err == nil && f.Type != protocol.FrameHello {
+		err = fmt.Errorf("%w: the first frame is %s, not hello", protocol.ErrViolation, f.Type)
 	}
 	if err != nil {
 		conn.Close()
 		return nil, nil, fmt.Errorf("wire: attach %s: %w", c.url, err)
 	}
-	if f.Hello.Protocol != Version {
+	if f.Hello.Protocol != protocol.Version {
 		conn.Close()
-		return nil, nil, fmt.Errorf("wire: attach %s: %w: the server speaks protocol %d, this client %d", c.url, ErrVersion, f.Hello.Protocol, Version)
+		return nil, nil, fmt.Errorf("wire: attach %s: %w: the server speaks protocol %d, this client %d", c.url, ErrVersion, f.Hello.Protocol, protocol.Version)
 	}
 	return conn, f.Hello, nil
 }
@@ -306,7 +296,7 @@ func permanent(err error) bool {
 }
 
 // run keeps a connection up until the client is closed or a permanent error.
-func (c *Client) run(conn *websocket.Conn, hello *Hello) {
+func (c *Client) run(conn *websocket.Conn, hello *protocol.Hello) {
 	defer close(c.done)
 	defer c.end()
 	attempts := 0
@@ -370,15 +360,15 @@ func (c *Client) sleep(d time.Duration) bool {
 	}
 }
 
-func (c *Client) up(conn *websocket.Conn, hello *Hello) bool {
+func (c *Client) up(conn *websocket.Conn, hello *protocol.Hello) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ctx.Err() != nil {
 		return false
 	}
 	c.conn, c.hello, c.wasUp = conn, hello, true
-	c.link = engine.Link{Name: c.link.Name, State: engine.LinkUp}
-	c.notifyLocked()
+	c.link = feed.Link{Name: c.link.Name, State: feed.LinkUp}
+	c.mb.Notify()
 	return true
 }
 
@@ -387,36 +377,25 @@ func (c *Client) up(conn *websocket.Conn, hello *Hello) bool {
 func (c *Client) setLink(err error, attempts int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	st := engine.LinkConnecting
+	st := feed.LinkConnecting
 	if c.wasUp {
-		st = engine.LinkReconnecting
+		st = feed.LinkReconnecting
 	}
 	if permanent(err) {
-		st = engine.LinkClosed
+		st = feed.LinkClosed
 	}
-	c.link = engine.Link{Name: c.link.Name, State: st, Err: err.Error(), Attempts: attempts}
-	c.notifyLocked()
+	c.link = feed.Link{Name: c.link.Name, State: st, Err: err.Error(), Attempts: attempts}
+	c.mb.Notify()
 }
 
-// end closes the signal channel; Link keeps a permanent failure's reason.
+// end closes the mailbox; Link keeps a permanent failure's reason.
 func (c *Client) end() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.link.State != engine.LinkClosed {
-		c.link = engine.Link{Name: c.link.Name, State: engine.LinkClosed}
+	if c.link.State != feed.LinkClosed {
+		c.link = feed.Link{Name: c.link.Name, State: feed.LinkClosed}
 	}
-	c.closed = true
-	close(c.signal)
-}
-
-func (c *Client) notifyLocked() {
-	if c.closed {
-		return
-	}
-	select {
-	case c.signal <- struct{}{}:
-	default:
-	}
+	c.mu.Unlock()
+	c.mb.Close()
 }
 
 func (c *Client) logf(format string, args ...any) {
@@ -426,7 +405,7 @@ func (c *Client) logf(format string, args ...any) {
 }
 
 // read takes frames off one connection until it fails.
-func (c *Client) read(conn *websocket.Conn, hello *Hello) error {
+func (c *Client) read(conn *websocket.Conn, hello *protocol.Hello) error {
 	alive := func() {
 		if hello.PingIntervalMs > 0 {
 			conn.SetReadDeadline(time.Now().Add(3 * time.Duration(hello.PingIntervalMs) * time.Millisecond))
@@ -447,7 +426,7 @@ func (c *Client) read(conn *websocket.Conn, hello *Hello) error {
 		}
 		return err
 	})
-	st := seqState{}
+	var last uint64      // the seq of the last snapshot or events frame
 	var buf bytes.Buffer // reused: a frame is decoded into values that do not point into it
 	for {
 		_, r, err := conn.NextReader()
@@ -459,75 +438,57 @@ func (c *Client) read(conn *websocket.Conn, hello *Hello) error {
 			return err
 		}
 		alive()
-		f, err := DecodeFrame(buf.Bytes())
+		f, err := protocol.DecodeFrame(buf.Bytes())
 		if err != nil {
 			c.logf("wire: %s: %v; asking for a snapshot", c.url, err)
-			if err := c.resync(conn, &st); err != nil {
+			if err := c.resync(conn); err != nil {
 				return err
 			}
 			continue
 		}
-		if err := c.handle(conn, &st, f); err != nil {
+		if err := c.handle(conn, &last, f); err != nil {
 			return err
 		}
 	}
 }
 
-// seqState follows a connection's seq: the last one seen, and whether a snapshot has been
-// asked for (events are dropped until it comes).
-type seqState struct {
-	last      uint64
-	resyncing bool
+// resync throws away what is pending and asks the server for a snapshot, which the mailbox
+// owes until it comes.
+func (c *Client) resync(conn *websocket.Conn) error {
+	c.mb.Resync()
+	return c.askSnapshot(conn)
 }
 
-func (c *Client) resync(conn *websocket.Conn, st *seqState) error {
-	st.resyncing = true
+// askSnapshot asks the server for the snapshot the mailbox owes.
+func (c *Client) askSnapshot(conn *websocket.Conn) error {
 	c.mu.Lock()
 	c.resyncs++
 	c.mu.Unlock()
-	return c.send(conn, clientMessage{Type: string(engine.ControlSnapshot)})
+	return c.send(conn, protocol.ClientMessage{Type: string(feed.ControlSnapshot)})
 }
 
-func (c *Client) handle(conn *websocket.Conn, st *seqState, f *Frame) error {
+// handle takes one frame; last is the connection's seq so far. Events wait in the mailbox
+// unless a snapshot is owed (the one asked for covers them; they count as dropped).
+func (c *Client) handle(conn *websocket.Conn, last *uint64, f *protocol.Frame) error {
 	switch f.Type {
-	case FrameSnapshot:
-		st.last, st.resyncing = f.Seq, false
-		c.mu.Lock()
-		c.pending.Snapshot = f.Snapshot
-		c.pending.Events = nil
-		c.n = 0
-		c.notifyLocked()
-		c.mu.Unlock()
-	case FrameEvents:
-		if st.resyncing {
-			return nil
+	case protocol.FrameSnapshot:
+		*last = f.Seq
+		c.mb.Snapshot(f.Snapshot)
+	case protocol.FrameEvents:
+		owed := c.mb.Owed()
+		if !owed && f.Seq != *last+1 {
+			c.logf("wire: %s: events frame %d after %d; asking for a snapshot", c.url, f.Seq, *last)
+			c.mb.Resync()
 		}
-		if f.Seq != st.last+1 {
-			c.logf("wire: %s: events frame %d after %d; asking for a snapshot", c.url, f.Seq, st.last)
-			return c.resync(conn, st)
+		*last = f.Seq
+		if !c.mb.Offer(f.Events) && !owed {
+			return c.askSnapshot(conn) // after a gap, or the backlog overflowed just now
 		}
-		st.last = f.Seq
-		c.mu.Lock()
-		if c.n+len(f.Events) > c.opts.Backlog {
-			c.dropped += uint64(c.n + len(f.Events))
-			c.pending.Events, c.pending.Snapshot, c.n = nil, nil, 0
-			c.mu.Unlock()
-			return c.resync(conn, st)
-		}
-		c.pending.Events = append(c.pending.Events, f.Events...)
-		c.n += len(f.Events)
-		c.notifyLocked()
-		c.mu.Unlock()
-	case FrameDropped:
-		c.mu.Lock()
-		c.dropped += f.Dropped.Count
-		c.mu.Unlock()
-	case FrameStatus:
-		c.mu.Lock()
-		c.pending.Status = f.Status
-		c.notifyLocked()
-		c.mu.Unlock()
-	case FrameError:
+	case protocol.FrameDropped:
+		c.mb.AddDropped(f.Dropped.Count)
+	case protocol.FrameStatus:
+		c.mb.SetStatus(*f.Status)
+	case protocol.FrameError:
 		c.logf("wire: %s: the server says: %s (%s)", c.url, f.Error.Message, f.Error.Type)
 	}
 	return nil

@@ -1,6 +1,7 @@
-// Package wire carries a decode instance's snapshot and step events to dashboards: the
-// versioned frames and their JSON encoding, the HTTP server of `kvtop serve` (MLC
-// microserving API and the websocket stream), and the Go client the dashboard uses to attach.
+// Package wire carries a decode instance's snapshot and step events to dashboards: the HTTP
+// server of `kvtop serve` (MLC microserving API and the websocket stream), and the Go client
+// the dashboard uses to attach. The versioned frames and their JSON encoding are package
+// wire/protocol.
 //
 // # Usage
 //
@@ -17,7 +18,7 @@
 //
 //	c, err := wire.Dial(ctx, "127.0.0.1:7070", wire.ClientOptions{Token: token})
 //	for range c.C() {
-//		u := c.Take() // u.Snapshot (start over), then u.Events in order
+//		u := c.Take() // a feed.Update: u.Snapshot (start over), then u.Events in order
 //	}
 //
 // # HTTP API
@@ -111,7 +112,7 @@
 // to resync, and, when the server runs with control on, {"type":"pause"},
 // {"type":"resume"} and {"type":"step","n":3}; otherwise it is answered with an error
 // frame. The server pings every PingInterval and closes a client that stops answering.
-// Version is the protocol's version, with its history.
+// protocol.Version is the protocol's version, with its history.
 //
 // # Concurrency
 //
@@ -119,10 +120,12 @@
 // through the runner (Do, PrepRecv, StartGenerate, Control), and each stream client reads
 // its own runner.Subscription, which never blocks the engine: a slow client costs only
 // itself. Each stream connection has one writing goroutine (its handler) and one reading
-// goroutine. The client has one goroutine that reads the connection and reconnects; Take,
-// Link and Control may be called from any goroutine.
+// goroutine. The client has one goroutine that reads the connection and reconnects, and
+// delivers through a feed.Mailbox (bounded by ClientOptions.Backlog); Take, Link and
+// Control may be called from any goroutine.
 //
 // # Imports
 //
-// wire imports engine and below; it never imports ui.
+// wire imports engine and below, feed and wire/protocol; it never imports ui, and neither ui
+// nor record imports wire (record reads frames through wire/protocol alone).
 package wire

@@ -11,6 +11,8 @@ import (
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/prepare"
 	"github.com/kvtop/kvtop/engine/runner"
+	"github.com/kvtop/kvtop/feed"
+	"github.com/kvtop/kvtop/wire/protocol"
 )
 
 // ErrUnauthorized is returned by Dial when the server refuses the token (HTTP 401).
@@ -59,7 +61,7 @@ var engineErrors = []struct {
 	{engine.ErrBadBegin, http.StatusBadRequest, "bad_begin"},
 	{engine.ErrBadKVWrite, http.StatusBadRequest, "bad_kv_write"},
 	{engine.ErrBadRequest, http.StatusBadRequest, errInvalidRequest},
-	{engine.ErrReadOnly, http.StatusForbidden, "read_only"},
+	{feed.ErrReadOnly, http.StatusForbidden, "read_only"},
 	{prepare.ErrBadWindow, http.StatusBadRequest, "bad_window"},
 	{prepare.ErrEmptyPrompt, http.StatusBadRequest, "empty_prompt"},
 	{prepare.ErrPromptLong, http.StatusBadRequest, "prompt_too_long"},
@@ -92,8 +94,8 @@ func writeError(w http.ResponseWriter, err error) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="kvtop"`)
 	}
 	writeJSON(w, ae.status, struct {
-		Error ErrorBody `json:"error"`
-	}{ErrorBody{Message: ae.err.Error(), Type: ae.typ}})
+		Error protocol.ErrorBody `json:"error"`
+	}{protocol.ErrorBody{Message: ae.err.Error(), Type: ae.typ}})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

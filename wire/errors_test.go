@@ -13,6 +13,7 @@ import (
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/prepare"
 	"github.com/kvtop/kvtop/wire"
+	"github.com/kvtop/kvtop/wire/protocol"
 )
 
 // badCall is a call that must be refused: its status, error type, and a phrase of the
@@ -40,7 +41,7 @@ func (h *harness) check(t *testing.T, c badCall) {
 	}
 	status, b := h.call(context.Background(), method, c.path, []byte(c.body), c.hdr)
 	var got struct {
-		Error *wire.ErrorBody `json:"error"`
+		Error *protocol.ErrorBody `json:"error"`
 	}
 	decode(t, b, &got)
 	if status != c.status || got.Error == nil || got.Error.Type != c.typ || !strings.Contains(got.Error.Message, c.msg) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/runner"
+	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/wire"
 )
 
@@ -207,7 +208,7 @@ func (h *harness) request(id string) engine.RequestView {
 // pause pauses the runner and waits until it will take no more steps.
 func (h *harness) pause() {
 	h.t.Helper()
-	if err := h.r.Control(engine.Control{Op: engine.ControlPause}); err != nil {
+	if err := h.r.Control(feed.Control{Op: feed.ControlPause}); err != nil {
 		h.t.Fatal(err)
 	}
 	waitFor(h.t, "the runner to pause", func() bool { return h.r.Status().Paused })
@@ -253,10 +254,10 @@ type viewer struct {
 	snapshots int
 	events    int
 	dropped   uint64
-	status    *engine.Status
+	status    *feed.Status
 }
 
-func (v *viewer) apply(t *testing.T, u engine.Update) {
+func (v *viewer) apply(t *testing.T, u feed.Update) {
 	t.Helper()
 	if u.Snapshot != nil {
 		nv, err := engine.NewView(*u.Snapshot)

@@ -15,6 +15,7 @@ import (
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/prepare"
 	"github.com/kvtop/kvtop/engine/runner"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // metrics are the server's own counters, and the engine's state as /metrics reads it: a
@@ -69,7 +70,7 @@ func (m *metrics) catchUp() {
 }
 
 // fold applies an update; false means the View broke and a snapshot is needed.
-func (m *metrics) fold(u engine.Update) bool {
+func (m *metrics) fold(u feed.Update) bool {
 	if u.Snapshot != nil {
 		v, err := engine.NewView(*u.Snapshot)
 		if err != nil {

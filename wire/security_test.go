@@ -12,7 +12,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/wire"
 )
 
@@ -60,7 +60,7 @@ func TestTokenIsRequiredEverywhere(t *testing.T) {
 	defer a.Close()
 	for range a.C() {
 	}
-	if l := a.Link(); l.State != engine.LinkClosed || !strings.Contains(l.Err, "unauthorized") || l.Attempts != 1 {
+	if l := a.Link(); l.State != feed.LinkClosed || !strings.Contains(l.Err, "unauthorized") || l.Attempts != 1 {
 		t.Errorf("Attach with a wrong token: Link() = %+v, want closed after 1 attempt, saying unauthorized", l)
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/runner"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // Limits bound what a client can make the server hold or wait for.
@@ -140,7 +141,7 @@ type Server struct {
 // source is what a stream connection reads: a runner.Subscription.
 type source interface {
 	C() <-chan struct{}
-	Take() engine.Update
+	Take() feed.Update
 	Resync()
 	Close()
 }

@@ -11,7 +11,8 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
+	"github.com/kvtop/kvtop/wire/protocol"
 )
 
 // StreamPath is where the websocket stream is served.
@@ -46,7 +47,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 		s.logf("stream: upgrade from %s: %v", r.RemoteAddr, err) // the upgrader answered
 		return nil
 	}
-	c := &streamConn{s: s, conn: conn, errs: make(chan ErrorBody, 16), readDone: make(chan struct{})}
+	c := &streamConn{s: s, conn: conn, errs: make(chan protocol.ErrorBody, 16), readDone: make(chan struct{})}
 	c.serve()
 	return nil
 }
@@ -57,14 +58,14 @@ type streamConn struct {
 	s        *Server
 	conn     *websocket.Conn
 	sub      source
-	errs     chan ErrorBody // replies for the writer, from the reader
+	errs     chan protocol.ErrorBody // replies for the writer, from the reader
 	readDone chan struct{}
 
 	seq      uint64 // of the last snapshot or events frame
 	reported uint64 // dropped events already told
 	hello    bool
 	buf      bytes.Buffer
-	enc      eventEncoder
+	enc      protocol.Encoder
 }
 
 func (c *streamConn) serve() {
@@ -98,7 +99,7 @@ func (c *streamConn) serve() {
 		case <-c.readDone:
 			return
 		case eb := <-c.errs:
-			if err := c.write(&Frame{Type: FrameError, Error: &eb}); err != nil {
+			if err := c.write(&protocol.Frame{Type: protocol.FrameError, Error: &eb}); err != nil {
 				return
 			}
 		case <-ping.C:
@@ -120,26 +121,26 @@ func (c *streamConn) serve() {
 }
 
 // send writes an update as frames: a drop notice, the snapshot, the status, then the events
-// in frames of at most FrameEvents.
-func (c *streamConn) send(u engine.Update) error {
+// in frames of at most Limits.FrameEvents.
+func (c *streamConn) send(u feed.Update) error {
 	s := c.s
 	if !c.hello {
 		if u.Snapshot == nil {
 			return fmt.Errorf("the first update has no snapshot")
 		}
 		c.hello = true
-		if err := c.write(&Frame{Type: FrameHello, Hello: &Hello{
-			Protocol: Version, Server: s.opts.Version, Config: u.Snapshot.Config, Control: s.opts.Control,
+		if err := c.write(&protocol.Frame{Type: protocol.FrameHello, Hello: &protocol.Hello{
+			Protocol: protocol.Version, Server: s.opts.Version, Config: u.Snapshot.Config, Control: s.opts.Control,
 			PingIntervalMs: s.lim.PingInterval.Milliseconds(), MaxMessageBytes: s.lim.MaxMessageBytes,
 		}}); err != nil {
 			return err
 		}
 	}
 	if u.Dropped > c.reported {
-		d := &Dropped{Count: u.Dropped - c.reported, Total: u.Dropped}
+		d := &protocol.Dropped{Count: u.Dropped - c.reported, Total: u.Dropped}
 		c.reported = u.Dropped
 		s.metrics.droppedEvents.Add(int64(d.Count))
-		if err := c.write(&Frame{Type: FrameDropped, Dropped: d}); err != nil {
+		if err := c.write(&protocol.Frame{Type: protocol.FrameDropped, Dropped: d}); err != nil {
 			return err
 		}
 	}
@@ -148,21 +149,21 @@ func (c *streamConn) send(u engine.Update) error {
 			s.metrics.resyncs.Add(1)
 		}
 		c.seq++
-		if err := c.write(&Frame{Type: FrameSnapshot, Seq: c.seq, Snapshot: u.Snapshot}); err != nil {
+		if err := c.write(&protocol.Frame{Type: protocol.FrameSnapshot, Seq: c.seq, Snapshot: u.Snapshot}); err != nil {
 			return err
 		}
 	}
 	if u.Status != nil {
 		st := *u.Status
 		st.Controllable = s.opts.Control
-		if err := c.write(&Frame{Type: FrameStatus, Status: &st}); err != nil {
+		if err := c.write(&protocol.Frame{Type: protocol.FrameStatus, Status: &st}); err != nil {
 			return err
 		}
 	}
 	for evs := u.Events; len(evs) > 0; {
 		n := min(len(evs), s.lim.FrameEvents)
 		c.seq++
-		if err := c.write(&Frame{Type: FrameEvents, Seq: c.seq, Events: evs[:n]}); err != nil {
+		if err := c.write(&protocol.Frame{Type: protocol.FrameEvents, Seq: c.seq, Events: evs[:n]}); err != nil {
 			return err
 		}
 		s.metrics.sentEvents.Add(int64(n))
@@ -172,15 +173,9 @@ func (c *streamConn) send(u engine.Update) error {
 }
 
 // write encodes a frame and writes it as one message, within the write timeout.
-func (c *streamConn) write(f *Frame) error {
+func (c *streamConn) write(f *protocol.Frame) error {
 	c.buf.Reset()
-	var err error
-	if f.Type == FrameEvents {
-		err = c.enc.frame(&c.buf, f.Seq, f.Events)
-	} else {
-		err = EncodeFrame(&c.buf, f)
-	}
-	if err != nil {
+	if err := c.enc.Encode(&c.buf, f); err != nil {
 		return err
 	}
 	c.conn.SetWriteDeadline(time.Now().Add(c.s.lim.WriteTimeout))
@@ -217,27 +212,27 @@ func (c *streamConn) read(alive func()) {
 	}
 }
 
-func (c *streamConn) handle(data []byte) *ErrorBody {
-	var m clientMessage
+func (c *streamConn) handle(data []byte) *protocol.ErrorBody {
+	var m protocol.ClientMessage
 	if err := json.Unmarshal(data, &m); err != nil {
-		return &ErrorBody{Type: errInvalidJSON, Message: fmt.Sprintf("stream: malformed message: %v", err)}
+		return &protocol.ErrorBody{Type: errInvalidJSON, Message: fmt.Sprintf("stream: malformed message: %v", err)}
 	}
-	switch engine.ControlOp(m.Type) {
-	case engine.ControlSnapshot:
+	switch feed.ControlOp(m.Type) {
+	case feed.ControlSnapshot:
 		c.sub.Resync()
 		return nil
-	case engine.ControlPause, engine.ControlResume, engine.ControlStep:
+	case feed.ControlPause, feed.ControlResume, feed.ControlStep:
 		if !c.s.opts.Control {
-			return &ErrorBody{Type: "read_only", Message: fmt.Sprintf("stream: %s: this server is read-only; start kvtop serve with --control to allow pause, resume and step", m.Type)}
+			return &protocol.ErrorBody{Type: "read_only", Message: fmt.Sprintf("stream: %s: this server is read-only; start kvtop serve with --control to allow pause, resume and step", m.Type)}
 		}
-		ctl := engine.Control{Op: engine.ControlOp(m.Type), N: m.N}
+		ctl := feed.Control{Op: feed.ControlOp(m.Type), N: m.N}
 		if err := ctl.Validate(); err != nil {
-			return &ErrorBody{Type: errInvalidRequest, Message: "stream: " + err.Error()}
+			return &protocol.ErrorBody{Type: errInvalidRequest, Message: "stream: " + err.Error()}
 		}
 		if err := c.s.r.Control(ctl); err != nil {
-			return &ErrorBody{Type: classify(err).typ, Message: "stream: " + err.Error()}
+			return &protocol.ErrorBody{Type: classify(err).typ, Message: "stream: " + err.Error()}
 		}
 		return nil
 	}
-	return &ErrorBody{Type: errInvalidRequest, Message: fmt.Sprintf("stream: unknown message type %q; want snapshot, pause, resume or step", m.Type)}
+	return &protocol.ErrorBody{Type: errInvalidRequest, Message: fmt.Sprintf("stream: unknown message type %q; want snapshot, pause, resume or step", m.Type)}
 }

@@ -16,7 +16,9 @@ import (
 
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/runner"
+	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/wire"
+	"github.com/kvtop/kvtop/wire/protocol"
 )
 
 // flow plays a router and a prefill instance for one request: prep_recv, the KV, and a
@@ -51,14 +53,14 @@ func (h *harness) load(t *testing.T, prefix string, n int) {
 }
 
 // readFrame reads one frame from a raw stream connection.
-func readFrame(t *testing.T, conn *websocket.Conn) *wire.Frame {
+func readFrame(t *testing.T, conn *websocket.Conn) *protocol.Frame {
 	t.Helper()
 	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 	_, data, err := conn.ReadMessage()
 	if err != nil {
 		t.Fatalf("reading a frame: %v", err)
 	}
-	f, err := wire.DecodeFrame(data)
+	f, err := protocol.DecodeFrame(data)
 	if err != nil {
 		t.Fatalf("DecodeFrame(%.200s): %v", data, err)
 	}
@@ -75,16 +77,16 @@ func TestStreamHelloSnapshotThenOrderedEvents(t *testing.T) {
 	}
 	defer conn.Close()
 	hello := readFrame(t, conn)
-	if hello.Type != wire.FrameHello || hello.Hello.Protocol != wire.Version || hello.Hello.Server != "kvtop test" ||
+	if hello.Type != protocol.FrameHello || hello.Hello.Protocol != protocol.Version || hello.Hello.Server != "kvtop test" ||
 		hello.Hello.Control || hello.Hello.Config.MaxTotalSequenceLength != 8192 {
-		t.Fatalf("first frame = %+v, want hello, protocol %d, read-only, the engine's config", hello, wire.Version)
+		t.Fatalf("first frame = %+v, want hello, protocol %d, read-only, the engine's config", hello, protocol.Version)
 	}
 	snap := readFrame(t, conn)
-	if snap.Type != wire.FrameSnapshot || snap.Seq != 1 {
+	if snap.Type != protocol.FrameSnapshot || snap.Seq != 1 {
 		t.Fatalf("second frame = %s seq %d, want snapshot seq 1", snap.Type, snap.Seq)
 	}
 	var v viewer
-	v.apply(t, engine.Update{Snapshot: snap.Snapshot})
+	v.apply(t, feed.Update{Snapshot: snap.Snapshot})
 	h.load(t, "r", 20)
 	h.pause()
 	want := h.snapshot()
@@ -92,14 +94,14 @@ func TestStreamHelloSnapshotThenOrderedEvents(t *testing.T) {
 	for v.view.Stamp() != want.Stamp {
 		f := readFrame(t, conn)
 		switch f.Type {
-		case wire.FrameEvents:
+		case protocol.FrameEvents:
 			if f.Seq != seq+1 {
 				t.Fatalf("events frame seq %d after %d, want %d", f.Seq, seq, seq+1)
 			}
 			seq = f.Seq
 			batched = batched || len(f.Events) > 1
-			v.apply(t, engine.Update{Events: f.Events})
-		case wire.FrameStatus:
+			v.apply(t, feed.Update{Events: f.Events})
+		case protocol.FrameStatus:
 			if f.Status.Controllable {
 				t.Errorf("status says controllable on a read-only server")
 			}
@@ -124,7 +126,7 @@ func TestStreamIsReadOnlyWithoutControl(t *testing.T) {
 	defer conn.Close()
 	readFrame(t, conn) // hello
 	readFrame(t, conn) // snapshot
-	expect := func(msg, typ, want string) *wire.Frame {
+	expect := func(msg, typ, want string) *protocol.Frame {
 		t.Helper()
 		if err := conn.WriteMessage(websocket.TextMessage, []byte(msg)); err != nil {
 			t.Fatal(err)
@@ -134,17 +136,17 @@ func TestStreamIsReadOnlyWithoutControl(t *testing.T) {
 			if f.Type != typ {
 				continue // events and status go on meanwhile
 			}
-			if typ == wire.FrameError && (f.Error.Type != want) {
+			if typ == protocol.FrameError && (f.Error.Type != want) {
 				t.Errorf("after %s: error %+v, want type %s", msg, f.Error, want)
 			}
 			return f
 		}
 	}
-	expect(`{"type":"pause"}`, wire.FrameError, "read_only")
-	expect(`{"type":"step","n":3}`, wire.FrameError, "read_only")
-	expect(`{"type":"jump"}`, wire.FrameError, "invalid_request")
-	expect(`not json`, wire.FrameError, "invalid_json")
-	if f := expect(`{"type":"snapshot"}`, wire.FrameSnapshot, ""); f.Seq < 2 {
+	expect(`{"type":"pause"}`, protocol.FrameError, "read_only")
+	expect(`{"type":"step","n":3}`, protocol.FrameError, "read_only")
+	expect(`{"type":"jump"}`, protocol.FrameError, "invalid_request")
+	expect(`not json`, protocol.FrameError, "invalid_json")
+	if f := expect(`{"type":"snapshot"}`, protocol.FrameSnapshot, ""); f.Seq < 2 {
 		t.Errorf("resync snapshot seq = %d, want after the first", f.Seq)
 	}
 	if h.r.Status().Paused {
@@ -155,8 +157,8 @@ func TestStreamIsReadOnlyWithoutControl(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := c.Control(engine.Control{Op: engine.ControlPause}); err != engine.ErrReadOnly {
-		t.Errorf("Client.Control(pause) on a read-only server = %v, want engine.ErrReadOnly", err)
+	if err := c.Control(feed.Control{Op: feed.ControlPause}); err != feed.ErrReadOnly {
+		t.Errorf("Client.Control(pause) on a read-only server = %v, want feed.ErrReadOnly", err)
 	}
 }
 
@@ -185,13 +187,13 @@ func TestStreamControl(t *testing.T) {
 	if !v.status.Controllable {
 		t.Errorf("status on a server with control: controllable false")
 	}
-	if err := c.Control(engine.Control{Op: engine.ControlPause}); err != nil {
+	if err := c.Control(feed.Control{Op: feed.ControlPause}); err != nil {
 		t.Fatal(err)
 	}
 	takeUntil("a paused status", func() bool { return v.status.Paused })
 	h.pause()
 	before := h.snapshot().Totals.Steps
-	if err := c.Control(engine.Control{Op: engine.ControlStep, N: 3}); err != nil {
+	if err := c.Control(feed.Control{Op: feed.ControlStep, N: 3}); err != nil {
 		t.Fatal(err)
 	}
 	takeUntil("3 steps", func() bool { return v.view.Totals().Steps == before+3 })
@@ -199,11 +201,11 @@ func TestStreamControl(t *testing.T) {
 	if got := h.snapshot().Totals.Steps; got != before+3 {
 		t.Errorf("steps after step 3 while paused = %d, want %d", got, before+3)
 	}
-	if err := c.Control(engine.Control{Op: engine.ControlResume}); err != nil {
+	if err := c.Control(feed.Control{Op: feed.ControlResume}); err != nil {
 		t.Fatal(err)
 	}
 	takeUntil("a running status", func() bool { return !v.status.Paused })
-	if err := c.Control(engine.Control{Op: engine.ControlStep, N: 0}); err == nil {
+	if err := c.Control(feed.Control{Op: feed.ControlStep, N: 0}); err == nil {
 		t.Errorf("Control(step 0) = nil, want an error")
 	}
 }
@@ -281,28 +283,28 @@ func TestStalledClientDropsAndResyncs(t *testing.T) {
 	var sv viewer
 	// Notices: one or more (while the client is slow to drain its socket, a backlog can
 	// overflow again after the first snapshot); each snapshot follows one.
-	var dropped *wire.Dropped
+	var dropped *protocol.Dropped
 	var notices, counted uint64
 	var seq uint64
 	for sv.view == nil || sv.view.Stamp() != want.Stamp {
 		f := readFrame(t, stalled)
 		switch f.Type {
-		case wire.FrameDropped:
+		case protocol.FrameDropped:
 			dropped = f.Dropped
 			notices++
 			counted += f.Dropped.Count
-		case wire.FrameSnapshot:
+		case protocol.FrameSnapshot:
 			if sv.view != nil && dropped == nil {
 				t.Fatalf("a second snapshot without a dropped notice")
 			}
 			seq = f.Seq
-			sv.apply(t, engine.Update{Snapshot: f.Snapshot})
-		case wire.FrameEvents:
+			sv.apply(t, feed.Update{Snapshot: f.Snapshot})
+		case protocol.FrameEvents:
 			if f.Seq != seq+1 {
 				t.Fatalf("events seq %d after %d", f.Seq, seq)
 			}
 			seq = f.Seq
-			sv.apply(t, engine.Update{Events: f.Events})
+			sv.apply(t, feed.Update{Events: f.Events})
 		}
 	}
 	if dropped == nil || dropped.Count == 0 || dropped.Total != counted {
@@ -395,7 +397,7 @@ func TestSeqGapForcesResync(t *testing.T) {
 		evs := e.TakeEvents()
 		return append(evs, e.Step(now).Events...)
 	}
-	frames := make(chan *wire.Frame)
+	frames := make(chan *protocol.Frame)
 	asked := make(chan string, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		conn, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
@@ -411,7 +413,7 @@ func TestSeqGapForcesResync(t *testing.T) {
 		}()
 		for f := range frames {
 			var buf bytes.Buffer
-			if err := wire.EncodeFrame(&buf, f); err != nil {
+			if err := protocol.EncodeFrame(&buf, f); err != nil {
 				t.Error(err)
 				return
 			}
@@ -428,26 +430,27 @@ func TestSeqGapForcesResync(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	frames <- &wire.Frame{Type: wire.FrameHello, Hello: &wire.Hello{Protocol: wire.Version, Config: cfg}}
+	frames <- &protocol.Frame{Type: protocol.FrameHello, Hello: &protocol.Hello{Protocol: protocol.Version, Config: cfg}}
 	snap := e.Snapshot()
-	frames <- &wire.Frame{Type: wire.FrameSnapshot, Seq: 1, Snapshot: &snap}
+	frames <- &protocol.Frame{Type: protocol.FrameSnapshot, Seq: 1, Snapshot: &snap}
 	e1 := step("A", 1)
-	frames <- &wire.Frame{Type: wire.FrameEvents, Seq: 2, Events: e1}
+	frames <- &protocol.Frame{Type: protocol.FrameEvents, Seq: 2, Events: e1}
 	var v viewer
 	for v.events < len(e1) {
 		<-c.C()
 		v.apply(t, c.Take())
 	}
 	e2 := step("B", 2)
-	frames <- &wire.Frame{Type: wire.FrameEvents, Seq: 4, Events: e2} // 3 is missing
+	frames <- &protocol.Frame{Type: protocol.FrameEvents, Seq: 4, Events: e2} // 3 is missing
 	if got := <-asked; got != `{"type":"snapshot"}`+"\n" && got != `{"type":"snapshot"}` {
 		t.Fatalf("after a gap the client sent %q, want a snapshot request", got)
 	}
-	frames <- &wire.Frame{Type: wire.FrameEvents, Seq: 5, Events: step("C", 3)} // still dropped
+	e3 := step("C", 3)
+	frames <- &protocol.Frame{Type: protocol.FrameEvents, Seq: 5, Events: e3} // still dropped
 	snap = e.Snapshot()
-	frames <- &wire.Frame{Type: wire.FrameSnapshot, Seq: 6, Snapshot: &snap}
+	frames <- &protocol.Frame{Type: protocol.FrameSnapshot, Seq: 6, Snapshot: &snap}
 	e4 := step("D", 4)
-	frames <- &wire.Frame{Type: wire.FrameEvents, Seq: 7, Events: e4}
+	frames <- &protocol.Frame{Type: protocol.FrameEvents, Seq: 7, Events: e4}
 	want := e.Snapshot()
 	for v.view.Stamp() != want.Stamp || v.snapshots < 2 {
 		<-c.C()
@@ -455,6 +458,9 @@ func TestSeqGapForcesResync(t *testing.T) {
 	}
 	if v.events != len(e1)+len(e4) || c.Resyncs() != 1 {
 		t.Errorf("applied %d events with %d resyncs; want %d (the frames before the gap and after the new snapshot) and 1", v.events, c.Resyncs(), len(e1)+len(e4))
+	}
+	if want := uint64(len(e2) + len(e3)); v.dropped != want {
+		t.Errorf("Take().Dropped = %d, want %d: the events of the frame after the gap and of the one after it, thrown away", v.dropped, want)
 	}
 	sameState(t, v.view.Snapshot(), want)
 }
@@ -487,11 +493,11 @@ func TestReconnectAfterServerRestart(t *testing.T) {
 	h1.load(t, "a", 5)
 	h1.pause()
 	follow(h1, "the first server")
-	if l := c.Link(); l.State != engine.LinkUp || l.Name != addr {
+	if l := c.Link(); l.State != feed.LinkUp || l.Name != addr {
 		t.Errorf("Link() = %+v, want connected to %s", l, addr)
 	}
 	h1.close()
-	waitFor(t, "the client to notice", func() bool { return c.Link().State == engine.LinkReconnecting })
+	waitFor(t, "the client to notice", func() bool { return c.Link().State == feed.LinkReconnecting })
 	waitFor(t, "a failed attempt", func() bool { return c.Link().Attempts > 0 })
 	if l := c.Link(); l.Err == "" {
 		t.Errorf("Link() while the server is down = %+v, want the error", l)
@@ -502,7 +508,7 @@ func TestReconnectAfterServerRestart(t *testing.T) {
 	h2.load(t, "b", 3)
 	h2.pause()
 	follow(h2, "the restarted server")
-	if l := c.Link(); l.State != engine.LinkUp || l.Attempts != 0 || l.Err != "" {
+	if l := c.Link(); l.State != feed.LinkUp || l.Attempts != 0 || l.Err != "" {
 		t.Errorf("Link() after reconnecting = %+v, want connected", l)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/runner"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // tracer keeps the lifecycle of recent requests, read from the engine's events, for
@@ -74,7 +75,7 @@ func (t *tracer) run(ctx context.Context, r *runner.Runner) {
 	}
 }
 
-func (t *tracer) update(u engine.Update) {
+func (t *tracer) update(u feed.Update) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if u.Snapshot != nil {

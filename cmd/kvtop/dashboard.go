@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/runner"
+	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/record"
 	"github.com/kvtop/kvtop/sim"
 	"github.com/kvtop/kvtop/ui"
@@ -146,7 +147,7 @@ func runDashboard(args []string, stdout, stderr io.Writer) int {
 				fmt.Fprintf(stderr, "kvtop: %v\n", err)
 			}
 		}()
-		opts.OnUpdate = func(u engine.Update) { _ = rec.Write(u) }
+		opts.OnUpdate = func(u feed.Update) { _ = rec.Write(u) }
 	}
 	if err := ui.Run(ctx, src, opts); err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintf(stderr, "kvtop: %v\n", err)

@@ -17,6 +17,7 @@ import (
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/sim"
 	"github.com/kvtop/kvtop/wire"
+	"github.com/kvtop/kvtop/wire/protocol"
 )
 
 // httpDrive runs a scenario's router and prefill instance against a decode instance over
@@ -77,7 +78,7 @@ func (h *httpDrive) post(path string, body []byte, hdr map[string]string, out an
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
 		var e struct {
-			Error wire.ErrorBody `json:"error"`
+			Error protocol.ErrorBody `json:"error"`
 		}
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
 		if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {

@@ -10,7 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/record"
 	"github.com/kvtop/kvtop/ui"
 )
@@ -59,10 +59,10 @@ Flags:
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	p := record.NewPlayer(rec, shortPath(fs.Arg(0)), *speed, *paused || *seek >= 0)
+	p := record.NewPlayer(rec, shortPath(fs.Arg(0)), record.PlayerOptions{Speed: *speed, Paused: *paused || *seek >= 0})
 	go p.Run(ctx)
 	if *seek >= 0 {
-		_ = p.Control(engine.Control{Op: engine.ControlSeek, N: *seek})
+		_ = p.Control(feed.Control{Op: feed.ControlSeek, N: *seek})
 	}
 	opts := ui.Options{Control: true, NoColor: *noColor, Light: *light}
 	if err := ui.Run(ctx, p, opts); err != nil && !errors.Is(err, context.Canceled) {

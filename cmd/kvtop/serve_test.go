@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/wire"
 )
 
@@ -166,7 +167,7 @@ func TestServeAndAttach(t *testing.T) {
 	}
 	defer c.Close()
 	var view *engine.View
-	var status *engine.Status
+	var status *feed.Status
 	take := func(what string, cond func() bool) {
 		t.Helper()
 		timeout := time.After(10 * time.Second)
@@ -199,7 +200,7 @@ func TestServeAndAttach(t *testing.T) {
 		r, ok := view.Request("A")
 		return ok && r.State == engine.StatePrepared
 	})
-	if err := c.Control(engine.Control{Op: engine.ControlPause}); err != nil {
+	if err := c.Control(feed.Control{Op: feed.ControlPause}); err != nil {
 		t.Fatal(err)
 	}
 	take("the engine to pause", func() bool { return status != nil && status.Paused && status.Controllable })
@@ -208,7 +209,7 @@ func TestServeAndAttach(t *testing.T) {
 		t.Errorf("serve returned %d after its context ended, want 0", got)
 	}
 	for range c.C() {
-		if l := c.Link(); l.State == engine.LinkReconnecting {
+		if l := c.Link(); l.State == feed.LinkReconnecting {
 			break
 		}
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/pages"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // BenchmarkSteps is one engine step with 256 running requests and a steady stream of
@@ -27,7 +28,7 @@ func BenchmarkSteps(b *testing.B) {
 			}
 			r := New(e, Config{Clock: time.Now, Backlog: 4096})
 			for range subs {
-				s := &Subscription{r: r, signal: make(chan struct{}, 1)}
+				s := &Subscription{r: r, mb: feed.NewMailbox(r.cfg.Backlog)}
 				r.subs[s] = struct{}{}
 			}
 			now := time.UnixMilli(0)

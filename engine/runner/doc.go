@@ -6,12 +6,14 @@
 //
 //	r := runner.New(e, runner.Config{StepsPerSec: 50, Clock: time.Now})
 //	go r.Run(ctx)
-//	sub := r.Subscribe()         // a mailbox: first update is a snapshot
+//	sub := r.Subscribe()         // a feed.Mailbox: first update is a snapshot
 //	ans, err := r.PrepRecv(ctx, engine.PrepRecv{...}) // waits until admitted
 //
 // # Concurrency
 //
 // Every method is safe for concurrent use. The engine is touched only by the goroutine in
 // Run. A subscription never blocks the runner: a subscriber that falls more than Backlog
-// events behind loses them, is told how many, and gets a fresh snapshot instead.
+// events behind loses them, is told how many, and gets a fresh snapshot instead, taken on
+// the engine's goroutine when it next calls Take (the subscriber waits for the engine,
+// never the other way round).
 package runner

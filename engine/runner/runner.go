@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // Errors of the runner's calls.
@@ -25,7 +26,7 @@ type Config struct {
 	// QueueSize bounds the calls waiting for the engine (default 1024).
 	QueueSize int
 	// Backlog is how many events a subscriber may have pending before it loses them
-	// (default 65536).
+	// (default feed.DefaultBacklog).
 	Backlog int
 	// StartPaused starts with the engine paused.
 	StartPaused bool
@@ -51,12 +52,12 @@ type Runner struct {
 	cfg Config
 
 	calls    chan func()
-	controls chan engine.Control
+	controls chan feed.Control
 	done     chan struct{}
 
 	mu     sync.Mutex
 	subs   map[*Subscription]struct{}
-	status engine.Status
+	status feed.Status
 
 	// Owned by the Run goroutine.
 	stepBudget int
@@ -72,7 +73,7 @@ func New(e *engine.Engine, cfg Config) *Runner {
 		cfg.QueueSize = 1024
 	}
 	if cfg.Backlog <= 0 {
-		cfg.Backlog = 65536
+		cfg.Backlog = feed.DefaultBacklog
 	}
 	if cfg.IdleTick <= 0 {
 		cfg.IdleTick = 250 * time.Millisecond
@@ -84,10 +85,10 @@ func New(e *engine.Engine, cfg Config) *Runner {
 		e:         e,
 		cfg:       cfg,
 		calls:     make(chan func(), cfg.QueueSize),
-		controls:  make(chan engine.Control, 64),
+		controls:  make(chan feed.Control, 64),
 		done:      make(chan struct{}),
 		subs:      make(map[*Subscription]struct{}),
-		status:    engine.Status{Paused: cfg.StartPaused, Target: cfg.StepsPerSec, Controllable: true},
+		status:    feed.Status{Paused: cfg.StartPaused, Target: cfg.StepsPerSec, Controllable: true},
 		prepWait:  make(map[string]chan prepResult),
 		tokenWait: make(map[string]*tokenSink),
 	}
@@ -189,11 +190,11 @@ func (r *Runner) measure() {
 		rate := float64(r.rateSteps) / d.Seconds()
 		r.rateSteps = 0
 		r.rateStart = now
-		r.setStatus(func(s *engine.Status) { s.Rate = rate })
+		r.setStatus(func(s *feed.Status) { s.Rate = rate })
 	}
 }
 
-func (r *Runner) setStatus(f func(*engine.Status)) {
+func (r *Runner) setStatus(f func(*feed.Status)) {
 	r.mu.Lock()
 	old := r.status
 	f(&r.status)
@@ -205,32 +206,32 @@ func (r *Runner) setStatus(f func(*engine.Status)) {
 	r.mu.Unlock()
 	if st != old {
 		for _, s := range subs {
-			s.offer(nil, &st)
+			s.mb.SetStatus(st)
 		}
 	}
 }
 
-func (r *Runner) control(c engine.Control) {
+func (r *Runner) control(c feed.Control) {
 	switch c.Op {
-	case engine.ControlPause:
-		r.setStatus(func(s *engine.Status) { s.Paused = true })
-	case engine.ControlResume:
+	case feed.ControlPause:
+		r.setStatus(func(s *feed.Status) { s.Paused = true })
+	case feed.ControlResume:
 		r.stepBudget = 0
-		r.setStatus(func(s *engine.Status) { s.Paused = false })
-	case engine.ControlStep:
+		r.setStatus(func(s *feed.Status) { s.Paused = false })
+	case feed.ControlStep:
 		r.stepBudget += c.N
 	}
 }
 
 // Control pauses, resumes or steps the engine. It does not wait for the effect.
-func (r *Runner) Control(c engine.Control) error {
+func (r *Runner) Control(c feed.Control) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
 	switch c.Op {
-	case engine.ControlSnapshot:
+	case feed.ControlSnapshot:
 		return fmt.Errorf("runner: ask a subscription for a snapshot, not the runner")
-	case engine.ControlSpeed, engine.ControlSeek:
+	case feed.ControlSpeed, feed.ControlSeek:
 		return fmt.Errorf("runner: %s is for a recording; a live engine runs at its own pace", c.Op)
 	}
 	select {
@@ -242,7 +243,7 @@ func (r *Runner) Control(c engine.Control) error {
 }
 
 // Status returns the runner's status.
-func (r *Runner) Status() engine.Status {
+func (r *Runner) Status() feed.Status {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.status
@@ -374,7 +375,7 @@ func (r *Runner) publish(evs []engine.Event, toks []engine.Token) {
 	}
 	r.mu.Unlock()
 	for _, s := range subs {
-		s.offer(evs, nil)
+		s.mb.Offer(evs) // never waits; a refusal is counted and owes a snapshot
 	}
 }
 
@@ -390,7 +391,7 @@ func (r *Runner) shutdown() {
 	r.subs = map[*Subscription]struct{}{}
 	r.mu.Unlock()
 	for s := range subs {
-		s.close()
+		s.mb.Close()
 	}
 }
 

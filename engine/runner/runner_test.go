@@ -12,6 +12,7 @@ import (
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/pages"
 	"github.com/kvtop/kvtop/engine/prepare"
+	"github.com/kvtop/kvtop/feed"
 )
 
 func newEngine(t *testing.T) *engine.Engine {
@@ -134,7 +135,7 @@ func TestStalledSubscriberDoesNotSlowTheEngine(t *testing.T) {
 			// Stop the router, let everything settle, and compare the reader's view with the
 			// engine between steps.
 			stopDriving()
-			r.Control(engine.Control{Op: engine.ControlPause})
+			r.Control(feed.Control{Op: feed.ControlPause})
 			time.Sleep(time.Second)
 			synctest.Wait()
 			_ = r.Do(ctx, func(e *engine.Engine, _ time.Time) error {
@@ -231,7 +232,7 @@ func TestPauseAndSingleStep(t *testing.T) {
 		if n := stepNumber(); n != 0 {
 			t.Fatalf("paused for 5s: %d steps, want 0", n)
 		}
-		if err := r.Control(engine.Control{Op: engine.ControlStep, N: 3}); err != nil {
+		if err := r.Control(feed.Control{Op: feed.ControlStep, N: 3}); err != nil {
 			t.Fatal(err)
 		}
 		synctest.Wait()
@@ -243,7 +244,7 @@ func TestPauseAndSingleStep(t *testing.T) {
 		if n := stepNumber(); n != 3 {
 			t.Fatalf("still paused 1s later: %d steps, want 3", n)
 		}
-		if err := r.Control(engine.Control{Op: engine.ControlResume}); err != nil {
+		if err := r.Control(feed.Control{Op: feed.ControlResume}); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(time.Second)
@@ -255,7 +256,7 @@ func TestPauseAndSingleStep(t *testing.T) {
 		if !reflect.DeepEqual(r.Status().Paused, false) {
 			t.Errorf("Status().Paused = true after resume")
 		}
-		if err := r.Control(engine.Control{Op: "jump"}); err == nil {
+		if err := r.Control(feed.Control{Op: "jump"}); err == nil {
 			t.Errorf("Control(jump) = nil, want an error")
 		}
 		cancel()

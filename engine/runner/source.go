@@ -1,6 +1,8 @@
 package runner
 
-import "github.com/kvtop/kvtop/engine"
+import (
+	"github.com/kvtop/kvtop/feed"
+)
 
 // Local is an in-process viewer's source: a subscription plus control of the runner. It
 // satisfies the dashboard's Source interface.
@@ -14,7 +16,7 @@ type Local struct {
 func (r *Runner) Local() *Local { return &Local{Subscription: r.Subscribe()} }
 
 // Take returns what is pending; a read-only source says so in the status it passes on.
-func (l *Local) Take() engine.Update {
+func (l *Local) Take() feed.Update {
 	u := l.Subscription.Take()
 	if u.Status != nil && l.ReadOnly {
 		st := *u.Status
@@ -25,26 +27,26 @@ func (l *Local) Take() engine.Update {
 }
 
 // Control pauses, resumes or steps the engine, or resyncs this subscription.
-func (l *Local) Control(c engine.Control) error {
+func (l *Local) Control(c feed.Control) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	if c.Op == engine.ControlSnapshot {
+	if c.Op == feed.ControlSnapshot {
 		l.Resync()
 		return nil
 	}
 	if l.ReadOnly {
-		return engine.ErrReadOnly
+		return feed.ErrReadOnly
 	}
 	return l.r.Control(c)
 }
 
 // Link reports the embedded engine, always up while the runner runs.
-func (l *Local) Link() engine.Link {
+func (l *Local) Link() feed.Link {
 	select {
 	case <-l.r.Done():
-		return engine.Link{Name: "embedded", State: engine.LinkClosed}
+		return feed.Link{Name: "embedded", State: feed.LinkClosed}
 	default:
-		return engine.Link{Name: "embedded", State: engine.LinkUp}
+		return feed.Link{Name: "embedded", State: feed.LinkUp}
 	}
 }

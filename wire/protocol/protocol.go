@@ -1,4 +1,4 @@
-package wire
+package protocol
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/feed"
 )
 
 // Version is the stream protocol's version. A client and a server of different versions
@@ -33,8 +34,8 @@ const (
 	FrameError    = "error"
 )
 
-// ErrProtocol is returned for a frame or a message that does not follow the protocol.
-var ErrProtocol = errors.New("wire: protocol error")
+// ErrViolation is returned for a frame or a message that does not follow the protocol.
+var ErrViolation = errors.New("protocol: violation")
 
 // Frame is one websocket message from the server. Type says which of the other fields is
 // set. Snapshot and events frames carry Seq, which increases by exactly one from frame to
@@ -46,7 +47,7 @@ type Frame struct {
 	Snapshot *engine.Snapshot `json:"snapshot,omitempty"`
 	Events   []engine.Event   `json:"-"` // encoded by EncodeFrame as "events"
 	Dropped  *Dropped         `json:"dropped,omitempty"`
-	Status   *engine.Status   `json:"status,omitempty"`
+	Status   *feed.Status     `json:"status,omitempty"`
 	Error    *ErrorBody       `json:"error,omitempty"`
 }
 
@@ -79,10 +80,10 @@ type ErrorBody struct {
 	Type    string `json:"type"`
 }
 
-// The client's messages: {"type": "snapshot"}, {"type": "pause"}, {"type": "resume"},
-// {"type": "step", "n": 3}. The control ones are refused with an error frame unless the
-// server runs with control on.
-type clientMessage struct {
+// ClientMessage is a client's message: {"type": "snapshot"}, {"type": "pause"},
+// {"type": "resume"}, {"type": "step", "n": 3}. The control ones are refused with an error
+// frame unless the server runs with control on.
+type ClientMessage struct {
 	Type string `json:"type"`
 	N    int    `json:"n,omitempty"`
 }
@@ -90,16 +91,22 @@ type clientMessage struct {
 // EncodeFrame appends f's JSON to buf. Events are written as objects with their kind first
 // ({"kind": "request_arrived", "step": 3, ...}), which DecodeEvent reads back.
 func EncodeFrame(buf *bytes.Buffer, f *Frame) error {
+	var enc Encoder
+	return enc.Encode(buf, f)
+}
+
+// Encode appends f's JSON to buf, as EncodeFrame does, reusing the encoder's scratch space
+// from one frame to the next (a stream connection keeps one).
+func (e *Encoder) Encode(buf *bytes.Buffer, f *Frame) error {
 	if f.Type != FrameEvents {
 		b, err := json.Marshal(f)
 		if err != nil {
-			return fmt.Errorf("wire: encode %s frame: %w", f.Type, err)
+			return fmt.Errorf("protocol: encode %s frame: %w", f.Type, err)
 		}
 		buf.Write(b)
 		return nil
 	}
-	var enc eventEncoder
-	return enc.frame(buf, f.Seq, f.Events)
+	return e.frame(buf, f.Seq, f.Events)
 }
 
 // DecodeFrame parses a server frame, events included.
@@ -112,7 +119,7 @@ func DecodeFrame(b []byte) (*Frame, error) {
 		Events []json.RawMessage `json:"events"`
 	}
 	if err := json.Unmarshal(b, &raw); err != nil {
-		return nil, fmt.Errorf("%w: frame: %v", ErrProtocol, err)
+		return nil, fmt.Errorf("%w: frame: %v", ErrViolation, err)
 	}
 	f := raw.Frame
 	var missing bool
@@ -137,10 +144,10 @@ func DecodeFrame(b []byte) (*Frame, error) {
 	case FrameError:
 		missing = f.Error == nil
 	default:
-		return nil, fmt.Errorf("%w: unknown frame type %q", ErrProtocol, f.Type)
+		return nil, fmt.Errorf("%w: unknown frame type %q", ErrViolation, f.Type)
 	}
 	if missing {
-		return nil, fmt.Errorf("%w: %s frame without its %q field", ErrProtocol, f.Type, f.Type)
+		return nil, fmt.Errorf("%w: %s frame without its %q field", ErrViolation, f.Type, f.Type)
 	}
 	return &f, nil
 }
@@ -223,7 +230,7 @@ func objectEnd(b []byte) int {
 
 // EncodeEvent returns an event's JSON: its fields, with "kind" first.
 func EncodeEvent(ev engine.Event) ([]byte, error) {
-	var enc eventEncoder
+	var enc Encoder
 	var buf bytes.Buffer
 	if err := enc.event(&buf, ev); err != nil {
 		return nil, err
@@ -240,16 +247,16 @@ func DecodeEvent(b []byte) (engine.Event, error) {
 			Kind string `json:"kind"`
 		}
 		if err := json.Unmarshal(b, &k); err != nil {
-			return nil, fmt.Errorf("%w: event: %v", ErrProtocol, err)
+			return nil, fmt.Errorf("%w: event: %v", ErrViolation, err)
 		}
 		kind = k.Kind
 	}
 	ev, ok := engine.NewEvent(kind)
 	if !ok {
-		return nil, fmt.Errorf("%w: unknown event kind %q", ErrProtocol, kind)
+		return nil, fmt.Errorf("%w: unknown event kind %q", ErrViolation, kind)
 	}
 	if err := json.Unmarshal(b, ev); err != nil {
-		return nil, fmt.Errorf("%w: %s event: %v", ErrProtocol, kind, err)
+		return nil, fmt.Errorf("%w: %s event: %v", ErrViolation, kind, err)
 	}
 	return engine.Deref(ev), nil
 }
@@ -269,25 +276,26 @@ func leadingKind(b []byte) (string, bool) {
 	return string(rest[:i]), true
 }
 
-// eventEncoder writes events with a reused scratch buffer: one allocation-light pass per
-// event, the kind spliced in front of the event's own fields.
-type eventEncoder struct {
+// Encoder writes frames with a reused scratch buffer: one allocation-light pass per event,
+// the kind spliced in front of the event's own fields. The zero Encoder is ready to use; it
+// is not safe for concurrent use.
+type Encoder struct {
 	scratch bytes.Buffer
 	enc     *json.Encoder
 }
 
-func (e *eventEncoder) event(buf *bytes.Buffer, ev engine.Event) error {
+func (e *Encoder) event(buf *bytes.Buffer, ev engine.Event) error {
 	if e.enc == nil {
 		e.enc = json.NewEncoder(&e.scratch)
 		e.enc.SetEscapeHTML(false)
 	}
 	e.scratch.Reset()
 	if err := e.enc.Encode(ev); err != nil {
-		return fmt.Errorf("wire: encode %s event: %w", engine.KindOf(ev), err)
+		return fmt.Errorf("protocol: encode %s event: %w", engine.KindOf(ev), err)
 	}
 	body := bytes.TrimRight(e.scratch.Bytes(), "\n")
 	if len(body) < 2 || body[0] != '{' {
-		return fmt.Errorf("wire: encode %s event: not a JSON object", engine.KindOf(ev))
+		return fmt.Errorf("protocol: encode %s event: not a JSON object", engine.KindOf(ev))
 	}
 	buf.WriteString(`{"kind":"`)
 	buf.WriteString(engine.KindOf(ev))
@@ -299,7 +307,7 @@ func (e *eventEncoder) event(buf *bytes.Buffer, ev engine.Event) error {
 	return nil
 }
 
-func (e *eventEncoder) frame(buf *bytes.Buffer, seq uint64, evs []engine.Event) error {
+func (e *Encoder) frame(buf *bytes.Buffer, seq uint64, evs []engine.Event) error {
 	fmt.Fprintf(buf, `{"type":"events","seq":%d,"events":[`, seq)
 	for i, ev := range evs {
 		if i > 0 {

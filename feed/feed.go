@@ -1,16 +1,18 @@
-package engine
+package feed
 
 import (
 	"errors"
 	"fmt"
+
+	"github.com/kvtop/kvtop/engine"
 )
 
 // Update is what a viewer receives: when Snapshot is set, its state starts over from it;
 // then Events apply in order. Dropped counts the events this viewer has lost so far because
 // it fell behind (each loss is followed by a snapshot).
 type Update struct {
-	Snapshot *Snapshot
-	Events   []Event
+	Snapshot *engine.Snapshot
+	Events   []engine.Event
 	Status   *Status // set when the runner's status changed
 	Dropped  uint64
 }
@@ -27,7 +29,7 @@ type Status struct {
 	Controllable bool `json:"controllable"`
 }
 
-// ControlOp is something a viewer asks of the engine's runner.
+// ControlOp is something a viewer asks of whatever runs the engine.
 type ControlOp string
 
 // The controls.
@@ -49,7 +51,7 @@ type Control struct {
 }
 
 // ErrReadOnly is returned for a control that this viewer may not use.
-var ErrReadOnly = errors.New("engine: read-only: this viewer may not control the engine")
+var ErrReadOnly = errors.New("feed: read-only: this viewer may not control the engine")
 
 // Validate checks a control's fields.
 func (c Control) Validate() error {
@@ -58,21 +60,21 @@ func (c Control) Validate() error {
 		return nil
 	case ControlStep:
 		if c.N < 1 || c.N > 1_000_000 {
-			return fmt.Errorf("engine: step %d: n must be in [1, 1000000]", c.N)
+			return fmt.Errorf("feed: step %d: n must be in [1, 1000000]", c.N)
 		}
 		return nil
 	case ControlSpeed:
 		if c.N < 1 || c.N > 100_000 {
-			return fmt.Errorf("engine: speed %d%%: must be in [1, 100000]", c.N)
+			return fmt.Errorf("feed: speed %d%%: must be in [1, 100000]", c.N)
 		}
 		return nil
 	case ControlSeek:
 		if c.N < 0 {
-			return fmt.Errorf("engine: seek to step %d: must not be negative", c.N)
+			return fmt.Errorf("feed: seek to step %d: must not be negative", c.N)
 		}
 		return nil
 	}
-	return fmt.Errorf("engine: unknown control %q", c.Op)
+	return fmt.Errorf("feed: unknown control %q", c.Op)
 }
 
 // Link says where a viewer's updates come from and how that connection stands. The
