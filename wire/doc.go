@@ -98,7 +98,7 @@
 // header; a browser handshake from another origin is refused). The server sends JSON text
 // frames, each {"type": ..., ...}:
 //
-//	{"type":"hello","hello":{"protocol":1,"server":"kvtop 0.1.0","config":{...},"control":false,"ping_interval_ms":20000,"max_message_bytes":4096}}
+//	{"type":"hello","hello":{"protocol":3,"server":"kvtop 0.1.0","config":{...},"control":false,"ping_interval_ms":20000,"max_message_bytes":4096}}
 //	{"type":"snapshot","seq":1,"snapshot":{...engine.Snapshot...}}
 //	{"type":"events","seq":2,"events":[{"kind":"request_arrived","step":3,"at":1700000000000,"id":"r-1",...},...]}
 //	{"type":"status","status":{"paused":false,"rate":50,"target":50,"controllable":false}}

@@ -4,7 +4,7 @@
 // should start: as a new sequence, as a fork of a cached one, or by taking a recycling one over.
 //
 // It reproduces MLC LLM's PrefixCache (cpp/serve/prefix_cache.cc) over its paged radix tree,
-// with the differences named in the spec (section 11): eviction is least recently recycled
+// with the differences docs/mlc-differences.md names: eviction is least recently recycled
 // first. Matching is token-granular; MLC's 64-token tree pages are not modelled.
 //
 // # Usage

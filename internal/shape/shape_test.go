@@ -18,6 +18,31 @@ var rules = []struct {
 	why    string
 }{
 	{
+		name: "the engine does no I/O and draws nothing",
+		pkgs: []string{mod + "engine", mod + "engine/pages", mod + "engine/prefix", mod + "engine/prepare", mod + "engine/runner"},
+		banned: []string{"net", "net/", "os/exec", "github.com/gorilla/", "github.com/prometheus/", "charm.land/",
+			mod + "ui", mod + "wire", mod + "wire/", mod + "record", mod + "sim"},
+		why: "the engine is a deterministic core (and its goroutine wrapper): the server, the dashboard and recordings are built on it, never the other way round",
+	},
+	{
+		name:   "the paged KV cache is a leaf",
+		pkgs:   []string{mod + "engine/pages"},
+		banned: []string{mod + "engine", mod + "engine/prefix", mod + "engine/prepare", mod + "engine/runner"},
+		why:    "pages knows nothing of sequences' tokens, requests or steps",
+	},
+	{
+		name:   "the prefix cache knows tokens, not pages",
+		pkgs:   []string{mod + "engine/prefix"},
+		banned: []string{mod + "engine", mod + "engine/pages", mod + "engine/prepare", mod + "engine/runner"},
+		why:    "when it evicts it says so through a callback, and the caller frees the KV",
+	},
+	{
+		name:   "prepare-receive knows no steps",
+		pkgs:   []string{mod + "engine/prepare"},
+		banned: []string{mod + "engine", mod + "engine/runner"},
+		why:    "the engine drives the action; the action is testable on its own",
+	},
+	{
 		name:   "the engine core stays below the feed",
 		pkgs:   []string{mod + "engine", mod + "engine/pages", mod + "engine/prefix", mod + "engine/prepare"},
 		banned: []string{mod + "feed", mod + "wire/"},

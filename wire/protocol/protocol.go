@@ -21,7 +21,10 @@ import (
 //	   resume, step.
 //	2: blocked reasons travel by name ("watermark", not 5); the arena geometry's fields are
 //	   snake_case; snapshots carry last_match; timeline marks are formatted when sent.
-const Version = 2
+//	3: snapshots carry derived: the counts the dashboard and /metrics show, with the page
+//	   states prepared, awaiting-kv and partly-received; the event kinds are those of the
+//	   engine's registry.
+const Version = 3
 
 // The frame types. The server sends hello first, then snapshot, then any of the others;
 // a client sends only the control types.
