@@ -46,19 +46,11 @@ func (m *metrics) follow(ctx context.Context, r *runner.Runner) {
 		m.mu.Unlock()
 		sub.Close()
 	}()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-sub.C():
-			if !ok {
-				return
-			}
-			m.mu.Lock()
-			m.catchUp()
-			m.mu.Unlock()
-		}
-	}
+	whenSignalled(ctx, sub.C(), func() {
+		m.mu.Lock()
+		m.catchUp()
+		m.mu.Unlock()
+	})
 }
 
 // catchUp folds what the subscription has pending. An event that does not fit the View

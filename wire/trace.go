@@ -62,15 +62,21 @@ func newTracer(limit int) *tracer {
 func (t *tracer) run(ctx context.Context, r *runner.Runner) {
 	sub := r.Subscribe()
 	defer sub.Close()
+	whenSignalled(ctx, sub.C(), func() { t.update(sub.Take()) })
+}
+
+// whenSignalled calls fn each time c is signalled, until c closes or ctx ends: the loop of
+// the server's in-process viewers (the tracer, the metrics).
+func whenSignalled(ctx context.Context, c <-chan struct{}, fn func()) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case _, ok := <-sub.C():
+		case _, ok := <-c:
 			if !ok {
 				return
 			}
-			t.update(sub.Take())
+			fn()
 		}
 	}
 }
