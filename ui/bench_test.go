@@ -208,3 +208,39 @@ func BenchmarkApplyEvents(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDetail measures the detail panel of one request of the big instance at 120×24
+// (narrower than the page map beside it, so the panel's own cost shows): when the data
+// changed (its lines are built again), when it scrolled (j and k), and when nothing changed.
+func BenchmarkDetail(b *testing.B) {
+	m := bigModel(b, 120, 24)
+	m.Update(keyMsg("enter"))
+	if m.active != panelDetail || m.detail.id == "" {
+		b.Fatalf("enter: panel %s, detail %q; want a request's detail", panelNames[m.active], m.detail.id)
+	}
+	b.Run("data-changed", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			m.touch(m.live)
+			m.refresh()
+			_ = m.View()
+		}
+	})
+	b.Run("scrolled", func(b *testing.B) {
+		b.ReportAllocs()
+		k := []string{"j", "k"}
+		i := 0
+		for b.Loop() {
+			m.Update(keyMsg(k[i%2]))
+			i++
+			_ = m.View()
+		}
+	})
+	b.Run("unchanged", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			m.Update(linkTickMsg{})
+			_ = m.View()
+		}
+	})
+}

@@ -38,6 +38,8 @@ func TestGolden(t *testing.T) {
 		{name: "narrow_80x24_help", s: watermark, w: 80, h: 24, keys: []string{"?"}},
 		{name: "nocolor_pages", s: busy, w: 80, h: 24, keys: []string{"2"}, noColr: true},
 		{name: "nocolor_requests", s: busy, w: 80, h: 24, noColr: true},
+		{name: "filter_prompt", s: watermark, w: 80, h: 24, keys: []string{"/", "r", "-", "3"}},
+		{name: "nocolor_seek_prompt", s: watermark, w: 80, h: 24, keys: []string{":", "4", "2"}, noColr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, _ := feedModel(t, tc.s(t), Options{Name: "embedded", Control: true, NoColor: tc.noColr}, tc.w, tc.h)

@@ -7,7 +7,7 @@ import "charm.land/bubbles/v2/key"
 type KeyMap struct {
 	Help      key.Binding
 	Quit      key.Binding
-	ForceQuit key.Binding // quits even while a filter is being typed
+	ForceQuit key.Binding // quits even while a prompt is open
 	NextPanel key.Binding
 	PrevPanel key.Binding
 	Panel     [numPanels]key.Binding // 1…6
@@ -31,6 +31,10 @@ type KeyMap struct {
 	Faster key.Binding
 	Slower key.Binding
 	Seek   key.Binding
+	// AcceptPrompt and CancelPrompt close the filter and go-to-step prompts; every other
+	// key goes to the prompt's textinput.Model.
+	AcceptPrompt key.Binding
+	CancelPrompt key.Binding
 }
 
 // DefaultKeyMap returns kvtop's bindings.
@@ -60,6 +64,9 @@ func DefaultKeyMap() KeyMap {
 		Faster:    key.NewBinding(key.WithKeys("+", "="), key.WithHelp("+", "replay faster")),
 		Slower:    key.NewBinding(key.WithKeys("-"), key.WithHelp("-", "replay slower")),
 		Seek:      key.NewBinding(key.WithKeys(":"), key.WithHelp(":", "replay: go to step")),
+
+		AcceptPrompt: key.NewBinding(key.WithKeys("enter"), key.WithHelp("enter", "keep")),
+		CancelPrompt: key.NewBinding(key.WithKeys("esc"), key.WithHelp("esc", "clear")),
 	}
 	for i := range k.Panel {
 		d := string(rune('1' + i))

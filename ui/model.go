@@ -8,6 +8,7 @@ import (
 
 	"charm.land/bubbles/v2/help"
 	"charm.land/bubbles/v2/key"
+	"charm.land/bubbles/v2/textinput"
 	tea "charm.land/bubbletea/v2"
 	"charm.land/lipgloss/v2"
 	"github.com/charmbracelet/colorprofile"
@@ -83,10 +84,8 @@ type Model struct {
 	active        panelID
 	back          panelID
 	showHelp      bool
-	filtering     bool
-	filterBuf     string
-	seeking       bool // typing a step to go to (replay)
-	seekBuf       string
+	filterInput   textinput.Model // focused while the filter is typed
+	seekInput     textinput.Model // focused while a step to go to is typed (replay)
 	message       string
 	messageErr    bool
 
@@ -126,6 +125,9 @@ func New(src Source, opts Options) *Model {
 		height: 24,
 		help:   help.New(),
 		link:   src.Link(),
+
+		filterInput: newPrompt("/", 0),
+		seekInput:   newPrompt("go to step: ", seekLimit),
 	}
 	m.live = &world{events: newEventLog(opts.EventLog)}
 	m.setStyles()
@@ -191,6 +193,8 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		}
 	case tea.KeyPressMsg:
 		cmd = m.onKey(msg)
+	case tea.PasteMsg:
+		cmd = m.onPaste(msg)
 	case tea.MouseWheelMsg:
 		k := tea.KeyPressMsg{Code: tea.KeyDown}
 		if msg.Button == tea.MouseWheelUp {
@@ -335,19 +339,20 @@ func (m *Model) setStyles() {
 	m.st = &s
 	m.styleGen++
 	m.help.Styles = s.Help
+	m.filterInput.SetStyles(s.Prompt)
+	m.seekInput.SetStyles(s.Prompt)
 }
 
-// onKey handles a key press: the filter prompt and the help overlay take keys first, then
+// onKey handles a key press: an open prompt and the help overlay take keys first, then
 // the global bindings, then the active panel.
 func (m *Model) onKey(k tea.KeyPressMsg) tea.Cmd {
 	if key.Matches(k, m.keys.ForceQuit) {
 		return tea.Quit
 	}
-	if m.filtering {
-		m.filterKey(k)
-		return nil
+	if m.filterInput.Focused() {
+		return m.filterKey(k)
 	}
-	if m.seeking {
+	if m.seekInput.Focused() {
 		return m.seekKey(k)
 	}
 	if m.showHelp {
@@ -378,9 +383,9 @@ func (m *Model) onKey(k tea.KeyPressMsg) tea.Cmd {
 	case key.Matches(k, m.keys.Filter):
 		switch m.active {
 		case panelRequests:
-			m.filtering, m.filterBuf = true, m.requests.filter.text
+			return openPrompt(&m.filterInput, m.requests.filter.text)
 		case panelEvents:
-			m.filtering, m.filterBuf = true, m.events.filter.text
+			return openPrompt(&m.filterInput, m.events.filter.text)
 		default:
 			m.setMessage("filter works in the requests and events panels", false)
 		}
@@ -417,7 +422,7 @@ func (m *Model) onKey(k tea.KeyPressMsg) tea.Cmd {
 		m.setMessage(fmt.Sprintf("speed ×%g", float64(pct)/100), false)
 		return m.control(feed.Control{Op: feed.ControlSpeed, N: pct})
 	case key.Matches(k, m.keys.Seek):
-		m.seeking, m.seekBuf = true, ""
+		return openPrompt(&m.seekInput, "")
 	case key.Matches(k, m.keys.Back):
 		switch {
 		case m.active == panelDetail:
@@ -490,49 +495,73 @@ func (m *Model) toPanel(k tea.Msg) tea.Cmd {
 	return cmd
 }
 
-// seekKey edits the step to go to; enter asks the source to seek there.
+// seekKey edits the step to go to (digits only); enter asks the source to seek there.
 func (m *Model) seekKey(k tea.KeyPressMsg) tea.Cmd {
 	switch {
-	case k.Code == tea.KeyEscape:
-		m.seeking, m.seekBuf = false, ""
-	case k.Code == tea.KeyBackspace:
-		if n := len(m.seekBuf); n > 0 {
-			m.seekBuf = m.seekBuf[:n-1]
-		}
-	case k.Code == tea.KeyEnter:
-		m.seeking = false
-		n, err := strconv.Atoi(m.seekBuf)
+	case key.Matches(k, m.keys.CancelPrompt):
+		closePrompt(&m.seekInput)
+	case key.Matches(k, m.keys.AcceptPrompt):
+		s := m.seekInput.Value()
+		closePrompt(&m.seekInput)
+		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 {
-			m.setMessage(fmt.Sprintf("go to step: %q is not a step number", m.seekBuf), true)
+			m.setMessage(fmt.Sprintf("go to step: %q is not a step number", s), true)
 			return nil
 		}
 		m.setMessage(fmt.Sprintf("going to step %d", n), false)
 		return m.control(feed.Control{Op: feed.ControlSeek, N: n})
-	case len(k.Text) == 1 && k.Text[0] >= '0' && k.Text[0] <= '9' && len(m.seekBuf) < 12:
-		m.seekBuf += k.Text
+	case k.Text != "" && digits(k.Text) != k.Text:
+		// Not a step number: dropped, as the prompt says digits only.
+	default:
+		var cmd tea.Cmd
+		m.seekInput, cmd = m.seekInput.Update(k)
+		return cmd
 	}
 	return nil
 }
 
 // filterKey edits the filter; it applies as it is typed.
-func (m *Model) filterKey(k tea.KeyPressMsg) {
+func (m *Model) filterKey(k tea.KeyPressMsg) tea.Cmd {
 	switch {
-	case k.Code == tea.KeyEnter:
-		m.filtering = false
-		return
-	case k.Code == tea.KeyEscape:
-		m.filtering = false
-		m.filterBuf = ""
-	case k.Code == tea.KeyBackspace:
-		if r := []rune(m.filterBuf); len(r) > 0 {
-			m.filterBuf = string(r[:len(r)-1])
-		}
-	case k.Text != "":
-		m.filterBuf += k.Text
-	default:
-		return
+	case key.Matches(k, m.keys.AcceptPrompt):
+		m.filterInput.Blur()
+		return nil
+	case key.Matches(k, m.keys.CancelPrompt):
+		closePrompt(&m.filterInput)
+		m.applyFilter("")
+		return nil
 	}
-	f, err := parseFilter(m.filterBuf)
+	return m.editFilter(k)
+}
+
+// editFilter hands a key or a paste to the filter prompt, and applies what it holds if
+// that changed.
+func (m *Model) editFilter(msg tea.Msg) tea.Cmd {
+	was := m.filterInput.Value()
+	var cmd tea.Cmd
+	m.filterInput, cmd = m.filterInput.Update(msg)
+	if v := m.filterInput.Value(); v != was {
+		m.applyFilter(v)
+	}
+	return cmd
+}
+
+// onPaste hands a terminal's paste to the open prompt.
+func (m *Model) onPaste(p tea.PasteMsg) tea.Cmd {
+	var cmd tea.Cmd
+	switch {
+	case m.filterInput.Focused():
+		cmd = m.editFilter(p)
+	case m.seekInput.Focused():
+		m.seekInput, cmd = m.seekInput.Update(tea.PasteMsg{Content: digits(p.Content)})
+	}
+	return cmd
+}
+
+// applyFilter filters the active panel by text; a bad expression keeps the last good
+// filter and says why.
+func (m *Model) applyFilter(text string) {
+	f, err := parseFilter(text)
 	if err != nil {
 		m.setMessage("bad filter: "+err.Error(), true)
 		return
@@ -750,16 +779,23 @@ type chromeKey struct {
 	showHelp        bool
 	width, styleGen int
 	filtering       bool
-	filterBuf       string
 	seeking         bool
-	seekBuf         string
+	input           string // the open prompt's value
+	cursor          int    // and its cursor
 	message         string
 	messageErr      bool
 }
 
 // chrome returns the tab bar and the footer, built again only when they change.
 func (m *Model) chrome() (string, string) {
-	k := chromeKey{m.active, m.showHelp, m.width, m.styleGen, m.filtering, m.filterBuf, m.seeking, m.seekBuf, m.message, m.messageErr}
+	k := chromeKey{active: m.active, showHelp: m.showHelp, width: m.width, styleGen: m.styleGen,
+		filtering: m.filterInput.Focused(), seeking: m.seekInput.Focused(), message: m.message, messageErr: m.messageErr}
+	switch {
+	case k.filtering:
+		k.input, k.cursor = m.filterInput.Value(), m.filterInput.Position()
+	case k.seeking:
+		k.input, k.cursor = m.seekInput.Value(), m.seekInput.Position()
+	}
 	if k != m.chromeKey || m.tabsText == "" {
 		m.chromeKey = k
 		m.tabsText, m.footerText = m.tabs(), m.footer()
@@ -782,10 +818,10 @@ func (m *Model) tabs() string {
 
 func (m *Model) footer() string {
 	switch {
-	case m.filtering:
-		return fit("/"+m.filterBuf+"▏  enter keeps · esc clears · a leading ! inverts", m.width)
-	case m.seeking:
-		return fit("go to step: "+m.seekBuf+"▏  enter goes · esc cancels", m.width)
+	case m.filterInput.Focused():
+		return fit(m.filterInput.View()+"  enter keeps · esc clears · a leading ! inverts", m.width)
+	case m.seekInput.Focused():
+		return fit(m.seekInput.View()+"  enter goes · esc cancels", m.width)
 	case m.message != "":
 		if m.messageErr {
 			return fit(m.st.Error.Render(m.message), m.width)

@@ -107,7 +107,7 @@ func TestFilter(t *testing.T) {
 	if got := ids(); len(got) != 2 || got[0] != "a-0" || got[1] != "a-3" {
 		t.Fatalf("filter a-[03]: rows %v, want [a-0 a-3]", got)
 	}
-	if m.filtering {
+	if m.filterInput.Focused() {
 		t.Fatal("enter did not close the filter prompt")
 	}
 	// Inverted.

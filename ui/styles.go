@@ -4,6 +4,8 @@ import (
 	"image/color"
 
 	"charm.land/bubbles/v2/help"
+	"charm.land/bubbles/v2/textinput"
+	tea "charm.land/bubbletea/v2"
 	"charm.land/lipgloss/v2"
 )
 
@@ -43,8 +45,9 @@ type Styles struct {
 	CellMark   [numPageStates]lipgloss.Style
 	CellCursor [numPageStates]lipgloss.Style
 	// Glyph tells the page states apart without colour.
-	Glyph [numPageStates]string
-	Help  help.Styles
+	Glyph  [numPageStates]string
+	Help   help.Styles
+	Prompt textinput.Styles // the filter and go-to-step prompts in the footer
 }
 
 // glyphs are the page map's cells: distinct shapes, so the map reads without colour.
@@ -94,6 +97,7 @@ func DefaultStyles(isDark bool) Styles {
 		Error:     base.Bold(true).Foreground(ld(c("1"), c("9"))),
 		Glyph:     glyphs,
 		Help:      help.DefaultStyles(isDark),
+		Prompt:    promptStyles(base, base.Foreground(dim)),
 	}
 	cell := [numPageStates]color.Color{
 		pgFree:      dim,
@@ -142,6 +146,7 @@ func PlainStyles() Styles {
 		Footer:    base,
 		Error:     base.Bold(true),
 		Glyph:     glyphs,
+		Prompt:    promptStyles(base, base),
 	}
 	for i := range s.Cell {
 		s.Cell[i] = base
@@ -153,4 +158,17 @@ func PlainStyles() Styles {
 		FullKey: base.Bold(true), FullDesc: base, FullSeparator: base,
 	}
 	return s
+}
+
+// promptStyles styles a footer prompt like the footer's plain text. The cursor is a block
+// in reverse video of the terminal's own colours, so it shows on any background and
+// without colour, and it does not blink: a blinking cursor is a tick every half second,
+// and a new frame with it, for as long as the prompt is open.
+func promptStyles(text, dim lipgloss.Style) textinput.Styles {
+	st := textinput.StyleState{Text: text, Prompt: text, Placeholder: dim, Suggestion: dim}
+	return textinput.Styles{
+		Focused: st,
+		Blurred: st,
+		Cursor:  textinput.CursorStyle{Color: lipgloss.NoColor{}, Shape: tea.CursorBlock},
+	}
 }
