@@ -834,7 +834,8 @@ func (e *Engine) removeSeq(seq int64) {
 }
 
 // onEvict is the prefix cache's eviction callback: the KV sequence goes too.
-func (e *Engine) onEvict(seq int64) {
+func (e *Engine) onEvict(ev prefix.Eviction) {
+	seq := ev.Seq
 	before := e.caches[0].NumAvailablePages()
 	for _, c := range e.caches {
 		if err := c.RemoveSequence(seq); err != nil {

@@ -55,10 +55,10 @@ func newFixture(t *testing.T, fc fixtureConfig) *fixture {
 	if fc.disabled {
 		mode = prefix.Disabled
 	}
-	f.pc = prefix.New(prefix.Config{Mode: mode, MaxRecycling: fc.maxRecycling, OnEvict: func(id int64) {
+	f.pc = prefix.New(prefix.Config{Mode: mode, MaxRecycling: fc.maxRecycling, OnEvict: func(ev prefix.Eviction) {
 		for _, c := range f.caches {
-			if err := c.RemoveSequence(id); err != nil {
-				t.Fatalf("evict %d: %v", id, err)
+			if err := c.RemoveSequence(ev.Seq); err != nil {
+				t.Fatalf("evict %d: %v", ev.Seq, err)
 			}
 		}
 	}})
