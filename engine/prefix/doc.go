@@ -68,19 +68,27 @@
 //     standing), not after a roll-back. A leaf page with no sequence is extended in place, up
 //     to 64 tokens, before new pages are chained below it.
 //
+// The Cache keeps MLC's pages but stores a maximal chain of them (every page but the last
+// holding no sequence and having the next as its only child) as one node, so that its tree
+// has the shape of a compressed radix tree; Nodes and TakeChanges report those nodes, and
+// Describe shows where their pages end.
+//
 // Matching walks from the root, child by first token, and stops in the page X where the
 // common prefix ends (inside it, or at its end when no child continues). S is X's own
 // sequences, in list order, then visit(X's first child), where visit(p) is p's sequences,
 // then visit(p's next sibling), then visit(p's first child). So for children c1, c2, c3 of
 // X, newest first: the sequences of c1, c2, c3, then, below c3, below c2, below c1, each by
-// the same rule. Without a tree this order has no simple description: it depends on which
-// pages exist, which is why the Cache reproduces the layout and not just the matching.
+// the same rule. In nodes: a child node of one page has its sequences listed with its
+// siblings', a child node of several pages only when the walk goes below its first page.
+// Without a tree this order has no simple description: it depends on which pages exist,
+// which is why the Cache reproduces the layout and not just the matching.
 //
-// The searches are pruned: every page counts the sequences, the recycling sequences and the
-// sequences without a sliding window in its subtree, so the reuse search skips subtrees with
-// nothing recycling, or whose sequences are all too long to pass the 0.9 test (a sequence
-// ending in a page is as long as the page's depth) or no shorter than the best so far, and
-// the fork search skips subtrees holding no sequence it may fork from.
+// The searches are pruned: every node counts the sequences, the recycling sequences and the
+// sequences without a sliding window in its subtree and among its one-page children, so the
+// reuse search skips subtrees with nothing recycling, or whose sequences are all too long to
+// pass the 0.9 test (a sequence ending in a node is as long as the node's depth) or no
+// shorter than the best so far, and the fork search skips subtrees holding no sequence it may
+// fork from; neither lists the candidates, as MLC does on every insertion.
 //
 // # Eviction
 //
@@ -89,8 +97,9 @@
 //
 //   - EvictMLC (the default): MLC stores stamp → sequence in a libstdc++
 //     std::unordered_map<size_t, int64_t> and evicts the entry at its begin(). Package
-//     stdmap reproduces that map's iteration order. It is not the stamps' order: with fewer
-//     than 13 recycling sequences it is the most recently recycled first.
+//     stdmap reproduces that map's iteration order. It is not the stamps' order: while the
+//     stamps held fall in distinct buckets (stamp mod 13 at first), each new one goes to the
+//     front, so the most recently recycled sequence is evicted first.
 //   - EvictLRU: the least recently recycled first, what MLC's comment promises.
 //
 // Reusing a recycling sequence removes its stamp; recycling it again gives it a new one.

@@ -170,20 +170,23 @@ type Stats struct {
 	Evictions   uint64 `json:"evictions"`    // sequences handed to OnEvict
 }
 
-// Node is a read-only snapshot of one tree node: one of MLC's radix pages.
+// Node is a read-only snapshot of one tree node. A node is a maximal chain of MLC's radix
+// pages: every page but its last holds no sequence and has the next as its only child, so a
+// node holds a sequence or has two children or more, as in a compressed radix tree.
 type Node struct {
 	ID     NodeID `json:"id"`
 	Parent NodeID `json:"parent"` // root: ID 0, Parent 0
-	// Order sorts siblings as MLC lists them: by ascending Order, the newest page first. A
-	// page keeps its Order for life (a page made by a split is its upper part's only child
-	// until a newer sibling comes; a merge keeps the upper page).
+	// Order sorts siblings as MLC lists them: by ascending Order, the newest first. A node
+	// keeps its place among its siblings, and its Order, for life: a node cut in two keeps
+	// its place as the upper part, the lower part being its only child until a newer
+	// sibling comes; a node joined with its only child keeps its place.
 	Order uint32   `json:"order"`
-	Depth int      `json:"depth"` // tokens from the root to the end of this page
-	Span  int      `json:"span"`  // tokens in this page (at most 64)
+	Depth int      `json:"depth"` // tokens from the root to the end of this node
+	Span  int      `json:"span"`  // tokens on the edge into this node, over one radix page or more
 	Seqs  []SeqRef `json:"seqs"`  // sequences whose tokens end exactly here, in the order they arrived here
-	// Hits counts InsertSequence matches whose path passed through or stopped in this page
-	// (the root counts every InsertSequence). The lower page made by a split starts with the
-	// count of the page it was split from; a merge keeps the larger count.
+	// Hits counts InsertSequence matches whose path passed through or stopped in this node
+	// (the root counts every InsertSequence). The lower part of a node cut in two starts with
+	// the count of the node it was cut from; a node joined with its child keeps the larger.
 	Hits uint64 `json:"hits"`
 }
 
@@ -276,7 +279,8 @@ func (c *Cache) InsertSequence(id int64, tokens []int32, w Window) (Result, erro
 // insert asks the tree for the match and its candidates, and decides.
 func (c *Cache) insert(id int64, q []int32, w Window) Result {
 	t := &c.t
-	x, m, _ := t.match(t.root, q)
+	stop, m, _ := t.match(lastOf(t.root), q)
+	x := stop.n // the candidates are the sequences of x's subtree
 	t.root.hits++
 	t.touch(t.root)
 	res := Result{Kind: Fresh, Parent: -1, Matched: m}
@@ -285,13 +289,13 @@ func (c *Cache) insert(id int64, q []int32, w Window) Result {
 		return res
 	}
 	res.Candidates = int(x.total)
-	end := x // the page holding the m-th token once the call is done
+	end := x // the node holding the m-th token once the call is done
 	var r *entry
 	if w.Size == -1 {
 		r = shortestRecycling(x, m, w)
 	} else if x.depth == m {
 		// With a sliding window only a sequence of exactly m tokens is taken over, and none
-		// is forked. Only x's own sequences are that long.
+		// is forked. Only x's own sequences can be that long.
 		for i := len(x.seqs) - 1; i >= 0; i-- {
 			if e := x.seqs[i].e; e.state == Recycling && e.window == w {
 				r = e
@@ -305,18 +309,18 @@ func (c *Cache) insert(id int64, q []int32, w Window) Result {
 	}
 	switch {
 	case r != nil:
-		res.Kind, res.Offset, res.Parent, res.Pop = Reuse, m, r.id, r.page.depth-m
+		res.Kind, res.Offset, res.Parent, res.Pop = Reuse, m, r.id, r.node.depth-m
 		c.rec.drop(r)
 		t.setState(r, Active)
 		if res.Pop > 0 {
 			t.rollBack(r, res.Pop)
 		}
-		end = r.page
+		end = r.node
 	case p != nil:
 		res.Kind, res.Offset, res.Parent = Fork, m, p.id
 		e := c.newEntry(id, w)
 		t.fork(e, p, m)
-		end = e.page
+		end = e.node
 	default:
 		t.add(c.newEntry(id, w))
 	}
@@ -349,7 +353,7 @@ func (c *Cache) ExtendSequence(id int64, tokens []int32) {
 		return
 	}
 	// append, not make and copy: the copy is not zeroed first. Its spare capacity, if the
-	// allocator rounds up, lets the page it may become grow in place.
+	// allocator rounds up, lets the node it may become grow in place.
 	c.pending = append(c.pending, extension{id, append([]int32(nil), tokens...)})
 }
 
@@ -433,7 +437,7 @@ func (c *Cache) RollBackSequence(id int64, n int) error {
 	if e == nil {
 		return fmt.Errorf("prefix: roll back %d: %w", id, ErrUnknownSequence)
 	}
-	l := e.page.depth
+	l := e.node.depth
 	for _, p := range c.pending {
 		if p.id == id {
 			l += len(p.tokens)
@@ -485,7 +489,7 @@ func (c *Cache) Sequence(id int64) (length int, st State, ok bool) {
 	if e == nil {
 		return 0, 0, false
 	}
-	return e.page.depth, e.state, true
+	return e.node.depth, e.state, true
 }
 
 // NumRecycling returns the number of recycling sequences.
@@ -511,12 +515,12 @@ func (c *Cache) Match(tokens []int32) (m int, candidates []int64) {
 	if !c.radix {
 		return 0, nil
 	}
-	x, m, _ := c.t.match(c.t.root, tokens)
+	stop, m, _ := c.t.match(lastOf(c.t.root), tokens)
 	if m == 0 {
 		return 0, nil
 	}
-	ids := make([]int64, 0, x.total)
-	candidatesOf(x, func(s slot) bool { ids = append(ids, s.id); return true })
+	ids := make([]int64, 0, stop.n.total)
+	candidatesOf(stop.n, func(s slot) bool { ids = append(ids, s.id); return true })
 	return m, ids
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -352,51 +353,68 @@ func TestCandidateOrder(t *testing.T) {
 	mustCheck(t, c)
 }
 
-// TestRadixPages follows MLC's page layout: pages of at most 64 tokens, a long sequence a
-// chain of them; a split followed by the merges that fit; a sequence-less page with one child
-// kept apart when the two do not fit in one page; a sequence-less leaf extended in place.
+// TestRadixPages follows MLC's page layout (Describe gives a node's pages after its span):
+// pages of at most 64 tokens, a long sequence a chain of them; a split followed by the merges
+// that fit; a sequence-less page with one child kept apart when the two do not fit in one
+// page; a sequence-less leaf page extended in place.
 func TestRadixPages(t *testing.T) {
 	c := New(Config{MaxRecycling: -1})
 	start(t, c, 1, seqOf(1, 150), NoWindow)
 	want := "" +
 		"#0 +0 =0 [] hits=1\n" +
-		"  #1 +64 =64 [] hits=0\n" +
-		"    #2 +64 =128 [] hits=0\n" +
-		"      #3 +22 =150 [1:active] hits=0\n"
+		"  #1 +150/64,64,22 =150 [1:active] hits=0\n"
 	if got := c.Describe(); got != want {
 		t.Fatalf("one sequence of 150 tokens: Describe() =\n%s\nwant\n%s", got, want)
 	}
-	// The fork at 100 splits #2 after 36 tokens; its lower part (28 tokens, no sequence, one
-	// child) merges with #3 (22): 50 tokens. #1 (64) and #2 (36) do not fit in one page.
+	// The fork at 100 splits the second page after 36 tokens; its lower part (28 tokens, no
+	// sequence, one child) merges with the third (22): 50 tokens. The first two (64 and 36)
+	// do not fit in one page.
 	start(t, c, 2, cat(seqOf(1, 100), []int32{999}), NoWindow)
 	want = "" +
 		"#0 +0 =0 [] hits=2\n" +
-		"  #1 +64 =64 [] hits=1\n" +
-		"    #2 +36 =100 [] hits=1\n" +
-		"      #5 +1 =101 [2:active] hits=0\n" +
-		"      #4 +50 =150 [1:active] hits=0\n"
+		"  #1 +100/64,36 =100 [] hits=1\n" +
+		"    #3 +1 =101 [2:active] hits=0\n" +
+		"    #2 +50 =150 [1:active] hits=0\n"
 	if got := c.Describe(); got != want {
 		t.Fatalf("after forking at 100: Describe() =\n%s\nwant\n%s", got, want)
 	}
-	// 2 goes: #2 is left with no sequence and one child, but 36 + 50 > 64: no merge.
+	// 2 goes: the page of 36 is left with no sequence and one child, but 36 + 50 > 64: the
+	// pages stay apart (in one node again).
 	if err := c.RemoveSequence(2); err != nil {
 		t.Fatal(err)
 	}
-	// 1 grows by 20: #4, a leaf with no sequence once 1 leaves it, fills up to 64 in place;
-	// the other 6 tokens take a new page.
+	want = "" +
+		"#0 +0 =0 [] hits=2\n" +
+		"  #1 +150/64,36,50 =150 [1:active] hits=1\n"
+	if got := c.Describe(); got != want {
+		t.Fatalf("after removing 2: Describe() =\n%s\nwant\n%s", got, want)
+	}
+	// 1 grows by 20: its last page, a leaf with no sequence once 1 leaves it, fills up to 64
+	// in place; the other 6 tokens take a new page.
 	c.ExtendSequence(1, seqOf(151, 20))
 	c.CommitSequenceExtension()
 	want = "" +
 		"#0 +0 =0 [] hits=2\n" +
-		"  #1 +64 =64 [] hits=1\n" +
-		"    #2 +36 =100 [] hits=1\n" +
-		"      #4 +64 =164 [] hits=0\n" +
-		"        #6 +6 =170 [1:active] hits=0\n"
+		"  #1 +170/64,36,64,6 =170 [1:active] hits=1\n"
 	if got := c.Describe(); got != want {
-		t.Fatalf("after removing 2 and extending 1: Describe() =\n%s\nwant\n%s", got, want)
+		t.Fatalf("after extending 1: Describe() =\n%s\nwant\n%s", got, want)
 	}
 	if m, cands := c.Match(seqOf(1, 170)); m != 170 || !slices.Equal(cands, []int64{1}) {
 		t.Errorf("Match(1…170) = %d, %v, want 170, [1]", m, cands)
+	}
+	mustCheck(t, c)
+}
+
+// A child node of several pages lists its sequences after those of its one-page siblings:
+// MatchPrefix meets them only when it walks below the child's first page.
+func TestCandidateOrderOverPages(t *testing.T) {
+	c := New(Config{MaxRecycling: -1})
+	P := seqOf(1, 10)
+	start(t, c, 1, cat(P, seqOf(100, 70)), NoWindow) // below P: 70 tokens, two pages
+	start(t, c, 2, cat(P, seqOf(200, 5)), NoWindow)  // below P: one page, newer
+	start(t, c, 3, cat(P, seqOf(300, 80)), NoWindow) // below P: two pages, the newest
+	if m, cands := c.Match(cat(P, []int32{7})); m != 10 || !slices.Equal(cands, []int64{2, 1, 3}) {
+		t.Errorf("Match(P+[7]) = %d, %v, want 10, [2 1 3]\n%s", m, cands, c.Describe())
 	}
 	mustCheck(t, c)
 }
@@ -866,5 +884,55 @@ func TestNodeJSONRoundTrip(t *testing.T) {
 	}
 	if err := k.UnmarshalText([]byte("spoon")); err == nil {
 		t.Errorf("Kind.UnmarshalText(spoon) = nil error, want an error")
+	}
+}
+
+// A node with many children indexes them by first token; the index follows insertions,
+// removals, cuts and joins, and finds what a scan of MLC's child list finds.
+func TestManyChildren(t *testing.T) {
+	c := New(Config{MaxRecycling: -1})
+	P := seqOf(1, 70) // two pages: the children hang below the second
+	alive := map[int64]bool{}
+	for i := range int64(40) {
+		start(t, c, i, cat(P, []int32{int32(1000 + i), 5, 5}), NoWindow)
+		alive[i] = true
+	}
+	mustCheck(t, c)
+	for i := int64(0); i < 40; i += 3 {
+		if err := c.RemoveSequence(i); err != nil {
+			t.Fatal(err)
+		}
+		delete(alive, i)
+	}
+	mustCheck(t, c)
+	// A fork inside P cuts the node holding the children: they move below the cut.
+	start(t, c, 100, cat(seqOf(1, 30), []int32{7}), NoWindow)
+	mustCheck(t, c)
+	for i := range int64(40) {
+		if alive[i] {
+			if m, cands := c.Match(cat(P, []int32{int32(1000 + i), 5})); m != 72 || !slices.Equal(cands, []int64{i}) {
+				t.Errorf("Match(P+[%d 5]) = %d, %v, want 72, [%d]", 1000+i, m, cands, i)
+			}
+			continue
+		}
+		m, cands := c.Match(cat(P, []int32{int32(1000 + i)}))
+		if got := slices.Sorted(slices.Values(cands)); m != 70 || !slices.Equal(got, slices.Sorted(maps.Keys(alive))) {
+			t.Errorf("Match(P+[%d]) = %d, %v, want 70 and the %d sequences below P", 1000+i, m, cands, len(alive))
+		}
+	}
+	// Removing all but one child leaves a node with no sequence and one child: it joins it.
+	for i := range alive {
+		if i != 38 {
+			if err := c.RemoveSequence(i); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	mustCheck(t, c)
+	if m, cands := c.Match(cat(P, []int32{1038, 5, 5})); m != 73 || !slices.Equal(cands, []int64{38}) {
+		t.Errorf("Match(P+[1038 5 5]) = %d, %v, want 73, [38]\n%s", m, cands, c.Describe())
+	}
+	if got := len(c.Nodes()); got != 4 {
+		t.Errorf("len(Nodes()) = %d, want 4: the root, [1…30], [31…70 1038 5 5] and [7]\n%s", got, c.Describe())
 	}
 }

@@ -589,8 +589,9 @@ func sentinel(err error) string {
 
 // opReader decodes a byte string into operations; past the end it reads zeros.
 type opReader struct {
-	data []byte
-	pos  int
+	data     []byte
+	pos      int
+	alphabet byte // tokens are 0 … alphabet-1
 }
 
 func (r *opReader) more() bool { return r.pos < len(r.data) }
@@ -657,7 +658,8 @@ func (r *opReader) window() Window {
 	return NoWindow
 }
 
-// tokens returns a short token list over a 3-token alphabet: random, or a prefix of a held
+// tokens returns a short token list over a small alphabet (3 tokens, or 12 so that nodes
+// have enough children to be indexed): random, or a prefix of a held
 // sequence and a random tail (so that matches are long and the tree branches), or a whole
 // recycling sequence and a token or two (a returning conversation, so that reuse happens).
 func (r *opReader) tokens(ref *refCache) []int32 {
@@ -677,7 +679,7 @@ func (r *opReader) tokens(ref *refCache) []int32 {
 	}
 	out := slices.Clone(src)
 	for len(out) < n {
-		out = append(out, int32(r.next()%3))
+		out = append(out, int32(r.next()%r.alphabet))
 	}
 	return out
 }
@@ -724,15 +726,18 @@ var capacities = [...]int{64, 2, 3, 4, 5, 8}
 
 // runOps decodes data into a configuration and operations and runs them.
 func runOps(t testing.TB, data []byte) {
-	r := &opReader{data: data}
+	r := &opReader{data: data, alphabet: 3}
 	b, b2 := r.next(), r.next()
+	if b2/12%4 == 3 {
+		r.alphabet = 12
+	}
 	cfg := Config{Mode: Radix, MaxRecycling: int(b/8%5) - 1, Evict: EvictOrder(b2 % 2)}
 	if b%8 == 7 {
 		cfg.Mode = Disabled
 	}
 	capacity := capacities[int(b2/2)%len(capacities)]
 	h := newHarness(t, cfg, capacity)
-	h.log = append(h.log, fmt.Sprintf("New(%+v) with pages of %d", cfg, capacity))
+	h.log = append(h.log, fmt.Sprintf("New(%+v) with pages of %d, %d tokens", cfg, capacity, r.alphabet))
 	for r.more() {
 		h.step(r)
 	}
@@ -836,11 +841,11 @@ func (h *harness) checkPath(res Result) {
 		}
 		return
 	}
-	nodes := map[NodeID]*page{}
-	var visit func(p *page)
-	visit = func(p *page) {
+	nodes := map[NodeID]*node{}
+	var visit func(p *node)
+	visit = func(p *node) {
 		nodes[p.id] = p
-		for k := p.first; k != nil; k = k.next {
+		for _, k := range p.kids {
 			visit(k)
 		}
 	}
@@ -913,7 +918,7 @@ func (h *harness) compare() {
 		if e == nil {
 			h.fail("sequence %d missing", id)
 		}
-		if got := pathTokens(e.page); !slices.Equal(got, s.toks) {
+		if got := pathTokens(e.node); !slices.Equal(got, s.toks) {
 			h.fail("sequence %d spells %v, want %v", id, got, s.toks)
 		}
 	}
@@ -954,28 +959,34 @@ func (h *harness) compare() {
 	}
 }
 
-// shape writes the Cache's tree as refCache.shape does.
-func shape(root *page) string {
+// shape writes the Cache's tree as refCache.shape does, page by page: a node's pages but the
+// last hold no sequence and have the next as their only child.
+func shape(root *node) string {
 	var b strings.Builder
-	var visit func(p *page)
-	visit = func(p *page) {
+	var visit func(n *node)
+	visit = func(n *node) {
 		var seqs []int64
-		eachSeq(p, func(s slot) bool { seqs = append(seqs, s.id); return true })
-		toks := p.toks
-		if toks == nil {
-			toks = []int32{}
+		eachSeq(n, func(s slot) bool { seqs = append(seqs, s.id); return true })
+		if n == root {
+			fmt.Fprintf(&b, "(%v %v", []int32{}, seqs)
 		}
-		fmt.Fprintf(&b, "(%v %v", toks, seqs)
-		for k := p.first; k != nil; k = k.next {
-			visit(k)
+		for i := range n.ends {
+			var here []int64
+			if i == n.lastPage() {
+				here = seqs
+			}
+			fmt.Fprintf(&b, "(%v %v", n.toks[n.start(i):n.end(i)], here)
 		}
-		b.WriteString(")")
+		for i := len(n.kids) - 1; i >= 0; i-- {
+			visit(n.kids[i])
+		}
+		b.WriteString(strings.Repeat(")", max(len(n.ends), 1)))
 	}
 	visit(root)
 	return b.String()
 }
 
-func pathTokens(p *page) []int32 {
+func pathTokens(p *node) []int32 {
 	var spans [][]int32
 	for ; p != nil; p = p.parent {
 		spans = append(spans, p.toks)

@@ -2,13 +2,14 @@ package prefix
 
 import (
 	"bytes"
+	"slices"
 	"unsafe"
 )
 
 // pageCapacity is the number of tokens a radix page holds: MLC's kPageCapacity_.
 const pageCapacity = 64
 
-// indexAt is the child count above which a page indexes its children by first token;
+// indexAt is the child count above which a node indexes its children by first token;
 // unindexAt is the count at or below which it drops the index again. Siblings never share a
 // first token, so the index finds what MLC's scan of the child list finds.
 const (
@@ -17,12 +18,12 @@ const (
 )
 
 // tree is MLC's paged radix tree (cpp/serve/radix_tree.cc): which tokens each sequence
-// holds, laid out in pages as MLC lays them out, so that MatchPrefix lists the candidates in
-// MLC's order. It answers questions (match, candidates, the shortest recycling candidate, the
-// first one that may be forked) and applies the changes the Cache decides (add, fork,
-// extend, roll back, remove); it decides nothing.
+// holds, laid out in radix pages exactly as MLC lays them out, so that its MatchPrefix order
+// can be followed. It answers questions (match, the candidates in order, the shortest
+// recycling candidate, the first one that may be forked) and applies the changes the Cache
+// decides (add, fork, extend, roll back, remove); it decides nothing.
 //
-// Layout, as MLC keeps it:
+// MLC's layout:
 //   - A page holds at most cap tokens (the root none); a long edge is a chain of pages.
 //   - Each page keeps the sequences that end exactly at its end, newest first (a sequence is
 //     pushed to the front), and its children, newest first (a new page is pushed to the
@@ -37,30 +38,34 @@ const (
 //   - A leaf page with no sequence is extended in place, up to cap tokens, before new pages
 //     are chained below it.
 //
-// Every page also counts the sequences in its subtree (all, recycling, without a sliding
+// The representation is coarser than MLC's: a node is a maximal chain of pages, each page
+// but the last holding no sequence and having the next as its only child. A node then holds
+// a sequence or has two children or more (the root excepted), as in a compressed radix tree,
+// and records where its pages end. The operations below are MLC's, page by page; a page is
+// named by a pageRef, and a chain that an operation leaves unmaximal (a node that lost its
+// last sequence or its second child) is joined with its child when the operation is done.
+// Joining changes no page.
+//
+// Every node also counts the sequences in its subtree (all, recycling, without a sliding
 // window), so that the searches can skip subtrees that cannot hold their answer.
 type tree struct {
-	root   *page
+	root   *node
 	cap    int
 	nextID NodeID
 
-	dirty   []*page  // pages created or modified since the last TakeChanges
-	removed []NodeID // pages that existed at the last TakeChanges and were deleted since
+	dirty   []*node  // nodes created or modified since the last TakeChanges
+	removed []NodeID // nodes that existed at the last TakeChanges and were deleted since
 
-	// Pages come from slabs, as MLC's come from blocks of 64: the pages of one extension then
-	// sit together in memory, and a freed page is reused.
-	slab  []page
-	spare []*page
+	suspects []*node // nodes an operation may have left unmaximal; see normalize
+
+	spare []*node // freed nodes, for reuse
 }
 
-// slabPages is the number of pages allocated at once.
-const slabPages = 64
-
-// entry is a cached sequence. The tree owns page; the Cache owns the rest. The sequence's
-// length is its page's depth.
+// entry is a cached sequence. The tree owns node; the Cache owns the rest. The sequence
+// ends at its node's last page: its length is the node's depth.
 type entry struct {
 	id     int64
-	page   *page
+	node   *node
 	state  State
 	window Window
 	// stamp is the recycle counter's value when the sequence was last recycled; 0 while it
@@ -69,246 +74,313 @@ type entry struct {
 	prev, next *entry // the recycling list, least recently recycled first
 }
 
-// page is one radix page.
-type page struct {
+// node is a maximal chain of radix pages.
+type node struct {
 	// What a lookup reads comes first.
 
-	// toks are the page's tokens. Their spare capacity, if any, belongs to this page alone
-	// (pages cut from one copy are capped with full slice expressions), so a leaf may grow
-	// by append.
-	toks        []int32
-	index       map[int32]*page // children by first token, when there are more than indexAt
-	first, last *page           // children, newest first
-	next, prev  *page           // siblings: next is the older one
-	parent      *page
-	seqs        []slot  // the sequences ending here, oldest first: MLC's list reversed
-	inline      [1]slot // seqs' array while it holds one sequence: a leaf and its sequence sit together
-	total       int32   // sequences in the subtree
-	rec         int32   // recycling sequences in the subtree
-	plain       int32   // sequences without a sliding window in the subtree
-	// ownRec and ownPlain count the recycling sequences and those without a sliding window
-	// ending here; kidRec and kidPlain sum them over the children, so that a search can skip
-	// a whole child list whose pages hold none of what it looks for.
-	ownRec, ownPlain int32
-	kidRec, kidPlain int32
-	kids             int32
-	depth            int // tokens from the root to the end of this page
-	id               NodeID
-	hits             uint64
-	dirtyAt          int32 // index in tree.dirty, or -1
-	fresh            bool  // created since the last TakeChanges
+	// toks are the node's tokens, its pages' end to end. Their spare capacity, if any,
+	// belongs to this node alone (nodes cut from one copy are capped with full slice
+	// expressions), so a leaf may grow by append.
+	toks []int32
+	// ends are where the pages end in toks, ascending; the last is len(toks). The root has
+	// no tokens and no pages of its own: it is MLC's root page.
+	ends  []int32
+	index map[int32]*node // children by first token, when there are more than indexAt
+	// kids are the children, oldest first: MLC's list reversed. A new child is appended; a
+	// child keeps its index among the others but for removals before it.
+	kids   []*node
+	parent *node
+	seqs   []slot  // the sequences ending here, oldest first: MLC's list reversed
+	inline [1]slot // seqs' array while it holds one sequence: a leaf and its sequence sit together
+	total  int32   // sequences in the subtree
+	rec    int32   // recycling sequences in the subtree
+	plain  int32   // sequences without a sliding window in the subtree
+	// own counts the sequences ending here; kid1 sums own over the children of one page,
+	// whose sequences MatchPrefix meets first below a page, so that a walk can skip that
+	// pass when it would find nothing.
+	own, kid1 counts
+	depth     int // tokens from the root to the end of this node
+	id        NodeID
+	hits      uint64
+	dirtyAt   int32 // index in tree.dirty, or -1
+	fresh     bool  // created since the last TakeChanges
 }
 
-// slot is a sequence at a page. The id sits beside the pointer so that listing candidates
+// slot is a sequence at a node. The id sits beside the pointer so that listing candidates
 // does not touch the entries.
 type slot struct {
 	id int64
 	e  *entry
 }
 
+// counts counts sequences: all, recycling, without a sliding window.
+type counts struct{ seqs, rec, plain int32 }
+
+func (a counts) plus(b counts) counts {
+	return counts{a.seqs + b.seqs, a.rec + b.rec, a.plain + b.plain}
+}
+func (a counts) minus(b counts) counts {
+	return counts{a.seqs - b.seqs, a.rec - b.rec, a.plain - b.plain}
+}
+
+// pageRef names page i of node n; the root's page is i == -1.
+type pageRef struct {
+	n *node
+	i int
+}
+
 func newTree(capacity int) tree {
 	t := tree{cap: capacity}
-	t.root = t.newPage(nil, nil)
+	t.root = t.newNode(nil, nil, nil)
 	return t
 }
 
-func (t *tree) newPage(parent *page, toks []int32) *page {
-	var p *page
+func (t *tree) newNode(parent *node, toks []int32, ends []int32) *node {
+	var n *node
 	if k := len(t.spare); k > 0 {
-		p = t.spare[k-1]
+		n = t.spare[k-1]
 		t.spare[k-1] = nil
 		t.spare = t.spare[:k-1]
 	} else {
-		if len(t.slab) == 0 {
-			t.slab = make([]page, slabPages)
-		}
-		p = &t.slab[0]
-		t.slab = t.slab[1:]
+		n = new(node)
 	}
-	*p = page{id: t.nextID, parent: parent, toks: toks, dirtyAt: -1, fresh: true}
-	p.seqs = p.inline[:0]
+	*n = node{id: t.nextID, parent: parent, toks: toks, ends: ends, dirtyAt: -1, fresh: true}
+	n.seqs = n.inline[:0]
 	if parent != nil {
-		p.depth = parent.depth + len(toks)
+		n.depth = parent.depth + len(toks)
 	}
 	t.nextID++
 	if t.nextID == 0 {
-		panic("prefix: page ids exhausted")
+		panic("prefix: node ids exhausted")
 	}
-	t.touch(p)
-	return p
+	t.touch(n)
+	return n
 }
 
-// touch records that p changed, for TakeChanges.
-func (t *tree) touch(p *page) {
-	if p.dirtyAt < 0 {
-		p.dirtyAt = int32(len(t.dirty))
-		t.dirty = append(t.dirty, p)
+// touch records that n changed, for TakeChanges.
+func (t *tree) touch(n *node) {
+	if n.dirtyAt < 0 {
+		n.dirtyAt = int32(len(t.dirty))
+		t.dirty = append(t.dirty, n)
 	}
 }
 
-// free records that p left the tree.
-func (t *tree) free(p *page) {
-	if i := p.dirtyAt; i >= 0 {
+// free records that n left the tree, and keeps it for reuse.
+func (t *tree) free(n *node) {
+	if i := n.dirtyAt; i >= 0 {
 		last := len(t.dirty) - 1
 		t.dirty[i] = t.dirty[last]
 		t.dirty[i].dirtyAt = i
 		t.dirty[last] = nil
 		t.dirty = t.dirty[:last]
-		p.dirtyAt = -1
 	}
-	if !p.fresh {
-		t.removed = append(t.removed, p.id)
+	if !n.fresh {
+		t.removed = append(t.removed, n.id)
 	}
-	*p = page{}
-	t.spare = append(t.spare, p)
+	*n = node{dirtyAt: -1}
+	t.spare = append(t.spare, n)
 }
 
-func (p *page) child(tok int32) *page {
-	if p.index != nil {
-		return p.index[tok]
+// Pages.
+
+func (n *node) lastPage() int { return len(n.ends) - 1 }
+
+// start and end are where page i begins and ends in n.toks.
+func (n *node) start(i int) int {
+	if i <= 0 {
+		return 0
 	}
-	for c := p.first; c != nil; c = c.next {
-		if c.toks[0] == tok {
+	return int(n.ends[i-1])
+}
+
+func (n *node) end(i int) int {
+	if i < 0 {
+		return 0
+	}
+	return int(n.ends[i])
+}
+
+func (r pageRef) len() int      { return r.n.end(r.i) - r.n.start(r.i) }
+func (r pageRef) isLast() bool  { return r.i == r.n.lastPage() }
+func (r pageRef) hasSeqs() bool { return r.isLast() && len(r.n.seqs) > 0 }
+
+// kids is the number of the page's children: the next page, or the node's children.
+func (r pageRef) kids() int {
+	if !r.isLast() {
+		return 1
+	}
+	return len(r.n.kids)
+}
+
+func (r pageRef) firstChild() pageRef {
+	if !r.isLast() {
+		return pageRef{r.n, r.i + 1}
+	}
+	return pageRef{r.n.newest(), 0}
+}
+
+// parentPage returns the page above r; ok is false for the root's.
+func (r pageRef) parentPage() (p pageRef, ok bool) {
+	switch {
+	case r.i > 0:
+		return pageRef{r.n, r.i - 1}, true
+	case r.n.parent == nil:
+		return pageRef{}, false
+	}
+	return pageRef{r.n.parent, r.n.parent.lastPage()}, true
+}
+
+// lastOf returns the page a node's sequences end in.
+func lastOf(n *node) pageRef { return pageRef{n, n.lastPage()} }
+
+// pageAt returns the page of n where the node's off-th token lies (0 < off <= len(n.toks)).
+func pageAt(n *node, off int) pageRef {
+	i, _ := slices.BinarySearch(n.ends, int32(off))
+	return pageRef{n, i}
+}
+
+// mergeable is MLC's RadixPage::Mergeable: no sequence, exactly one child, and room for the
+// child's tokens. The root's page, which holds no token, never is.
+func (t *tree) mergeable(r pageRef) bool {
+	return r.n != t.root && !r.hasSeqs() && r.kids() == 1 && r.len()+r.firstChild().len() <= t.cap
+}
+
+// Children.
+
+// newest returns the first child in MLC's list.
+func (n *node) newest() *node { return n.kids[len(n.kids)-1] }
+
+func (n *node) child(tok int32) *node {
+	if n.index != nil {
+		return n.index[tok]
+	}
+	for i := len(n.kids) - 1; i >= 0; i-- {
+		if c := n.kids[i]; c.toks[0] == tok {
 			return c
 		}
 	}
 	return nil
 }
 
-// insertChild pushes c to the front of p's children.
-func (p *page) insertChild(c *page) {
-	c.parent, c.prev, c.next = p, nil, p.first
-	if p.first != nil {
-		p.first.prev = c
-	} else {
-		p.last = c
+// insertChild pushes c to the front of n's children in MLC's list.
+func (n *node) insertChild(c *node) {
+	c.parent = n
+	n.kids = append(n.kids, c)
+	if len(c.ends) == 1 {
+		n.kid1 = n.kid1.plus(c.own)
 	}
-	p.first = c
-	p.kids++
-	p.kidRec += c.ownRec
-	p.kidPlain += c.ownPlain
-	if p.index != nil {
-		p.index[c.toks[0]] = c
-	} else if p.kids > indexAt {
-		p.index = make(map[int32]*page, p.kids)
-		for x := p.first; x != nil; x = x.next {
-			p.index[x.toks[0]] = x
+	if n.index != nil {
+		n.index[c.toks[0]] = c
+	} else if len(n.kids) > indexAt {
+		n.index = make(map[int32]*node, len(n.kids))
+		for _, x := range n.kids {
+			n.index[x.toks[0]] = x
 		}
 	}
 }
 
-func (p *page) removeChild(c *page) {
-	if c.prev != nil {
-		c.prev.next = c.next
-	} else {
-		p.first = c.next
+func (t *tree) removeChild(n, c *node) {
+	i := slices.Index(n.kids, c)
+	copy(n.kids[i:], n.kids[i+1:])
+	n.kids[len(n.kids)-1] = nil
+	n.kids = n.kids[:len(n.kids)-1]
+	if len(n.kids) == 0 {
+		n.kids = nil
 	}
-	if c.next != nil {
-		c.next.prev = c.prev
-	} else {
-		p.last = c.prev
+	c.parent = nil
+	if len(c.ends) == 1 {
+		n.kid1 = n.kid1.minus(c.own)
 	}
-	c.prev, c.next, c.parent = nil, nil, nil
-	p.kids--
-	p.kidRec -= c.ownRec
-	p.kidPlain -= c.ownPlain
-	if p.index != nil {
-		delete(p.index, c.toks[0])
-		if p.kids <= unindexAt {
-			p.index = nil
+	if n.index != nil {
+		delete(n.index, c.toks[0])
+		if len(n.kids) <= unindexAt {
+			n.index = nil
 		}
 	}
+	t.touch(n)
+	t.suspects = append(t.suspects, n)
 }
 
-// takeChildren moves all of from's children under p, which has none, keeping their order.
-func (t *tree) takeChildren(p, from *page) {
-	p.first, p.last, p.kids, p.index, p.kidRec, p.kidPlain = from.first, from.last, from.kids, from.index, from.kidRec, from.kidPlain
-	from.first, from.last, from.kids, from.index, from.kidRec, from.kidPlain = nil, nil, 0, nil, 0, 0
-	for c := p.first; c != nil; c = c.next {
-		c.parent = p
+// takeChildren moves all of from's children under n, which has none, keeping their order.
+func (t *tree) takeChildren(n, from *node) {
+	n.kids, n.index, n.kid1 = from.kids, from.index, from.kid1
+	from.kids, from.index, from.kid1 = nil, nil, counts{}
+	for _, c := range n.kids {
+		c.parent = n
 		t.touch(c) // its Node.Parent changed
 	}
 }
 
-// takeSeqs moves all of from's sequences to p, which has none, keeping their order.
-func (t *tree) takeSeqs(p, from *page) {
+// takeSeqs moves all of from's sequences to n, which has none, keeping their order.
+func (t *tree) takeSeqs(n, from *node) {
 	if len(from.seqs) <= 1 {
-		p.seqs = append(p.inline[:0], from.seqs...) // not from's inline array: from may be reused
+		n.seqs = append(n.inline[:0], from.seqs...) // not from's inline array: from may be reused
 	} else {
-		p.seqs = from.seqs
+		n.seqs = from.seqs
 	}
 	from.seqs = from.inline[:0]
-	for _, s := range p.seqs {
-		s.e.page = p
+	for _, s := range n.seqs {
+		s.e.node = n
 	}
-	rec, plain := from.ownRec, from.ownPlain
-	t.setOwn(from, 0, 0)
-	t.setOwn(p, rec, plain)
+	own := from.own
+	t.setOwn(from, counts{})
+	t.setOwn(n, own)
 }
 
-// setOwn sets p's own counts, keeping its parent's sums.
-func (t *tree) setOwn(p *page, rec, plain int32) {
-	if q := p.parent; q != nil {
-		q.kidRec += rec - p.ownRec
-		q.kidPlain += plain - p.ownPlain
+// setOwn sets n's own counts, keeping its parent's sums.
+func (t *tree) setOwn(n *node, own counts) {
+	if p := n.parent; p != nil && len(n.ends) == 1 {
+		p.kid1 = p.kid1.plus(own.minus(n.own))
 	}
-	p.ownRec, p.ownPlain = rec, plain
+	n.own = own
 }
 
-// mergeable is MLC's RadixPage::Mergeable: no sequence, exactly one child, and room for the
-// child's tokens. The root, which holds no token, never is.
-func (t *tree) mergeable(p *page) bool {
-	return p != t.root && len(p.seqs) == 0 && p.kids == 1 && len(p.toks)+len(p.first.toks) <= t.cap
-}
-
-// match walks from p along q, child by first token, and stops in the page where the common
-// prefix ends: it returns that page, the tokens of q matched, and how many of the page's
-// tokens were (len(page.toks) when the match reaches the page's end).
-func (t *tree) match(p *page, q []int32) (end *page, m, in int) {
-	for m < len(q) {
-		c := p.child(q[m])
-		if c == nil {
-			break
+// setEnds gives n new page ends, keeping its parent's sums.
+func (t *tree) setEnds(n *node, ends []int32) {
+	if p := n.parent; p != nil && (len(n.ends) == 1) != (len(ends) == 1) {
+		if len(n.ends) == 1 {
+			p.kid1 = p.kid1.minus(n.own)
+		} else {
+			p.kid1 = p.kid1.plus(n.own)
 		}
-		l := lcp(c.toks, q[m:])
-		m += l
-		if l < len(c.toks) {
-			return c, m, l
-		}
-		p = c
 	}
-	return p, m, len(p.toks)
+	n.ends = ends
 }
 
-// push puts e at the front of p's sequences.
-func (t *tree) push(p *page, e *entry) {
-	e.page = p
-	p.seqs = append(p.seqs, slot{e.id, e})
-	t.count(p, 1, e)
-	t.touch(p)
+// Sequences.
+
+// push puts e at the front of the sequences of page r, making r its node's last page.
+func (t *tree) push(r pageRef, e *entry) {
+	n := t.materialize(r)
+	e.node = n
+	n.seqs = append(n.seqs, slot{e.id, e})
+	t.count(n, 1, e)
+	t.touch(n)
 }
 
-// pop takes e off its page.
-func (t *tree) pop(e *entry) {
-	p := e.page
-	for i := len(p.seqs) - 1; i >= 0; i-- {
-		if p.seqs[i].e == e {
-			copy(p.seqs[i:], p.seqs[i+1:])
-			p.seqs[len(p.seqs)-1] = slot{}
-			p.seqs = p.seqs[:len(p.seqs)-1]
+// pop takes e off its page and returns the page.
+func (t *tree) pop(e *entry) pageRef {
+	n := e.node
+	for i := len(n.seqs) - 1; i >= 0; i-- {
+		if n.seqs[i].e == e {
+			copy(n.seqs[i:], n.seqs[i+1:])
+			n.seqs[len(n.seqs)-1] = slot{}
+			n.seqs = n.seqs[:len(n.seqs)-1]
 			break
 		}
 	}
-	if len(p.seqs) == 0 && cap(p.seqs) > 4 {
-		p.seqs = p.inline[:0] // a crowd has left
+	if len(n.seqs) == 0 && cap(n.seqs) > 4 {
+		n.seqs = n.inline[:0] // a crowd has left
 	}
-	t.count(p, -1, e)
-	t.touch(p)
-	e.page = nil
+	t.count(n, -1, e)
+	t.touch(n)
+	t.suspects = append(t.suspects, n)
+	e.node = nil
+	return lastOf(n)
 }
 
-// count adds d sequences like e, ending at p, to the counts of p and its ancestors.
-func (t *tree) count(p *page, d int32, e *entry) {
+// count adds d sequences like e, ending at n, to the counts of n and its ancestors.
+func (t *tree) count(n *node, d int32, e *entry) {
 	var r, pl int32
 	if e.state == Recycling {
 		r = d
@@ -316,176 +388,292 @@ func (t *tree) count(p *page, d int32, e *entry) {
 	if e.window.Size == -1 {
 		pl = d
 	}
-	t.setOwn(p, p.ownRec+r, p.ownPlain+pl)
-	for ; p != nil; p = p.parent {
-		p.total += d
-		p.rec += r
-		p.plain += pl
+	t.setOwn(n, n.own.plus(counts{d, r, pl}))
+	for ; n != nil; n = n.parent {
+		n.total += d
+		n.rec += r
+		n.plain += pl
 	}
 }
 
-// setState changes e's state, keeping the subtree counts.
+// setState changes e's state, keeping the counts.
 func (t *tree) setState(e *entry, st State) {
 	if e.state == st {
 		return
 	}
-	t.count(e.page, -1, e)
+	t.count(e.node, -1, e)
 	e.state = st
-	t.count(e.page, 1, e)
-	t.touch(e.page)
+	t.count(e.node, 1, e)
+	t.touch(e.node)
 }
 
+// Structure. None of these changes a page but as MLC's operations do.
+
+// materialize makes page r the last page of its node, cutting the node after it: the pages
+// below go to a new node, with the node's sequences and children. It returns r's node. The
+// caller gives r a sequence or a second child at once.
+func (t *tree) materialize(r pageRef) *node {
+	n := r.n
+	if r.isLast() {
+		return n
+	}
+	e := n.end(r.i)
+	ends := make([]int32, len(n.ends)-r.i-1)
+	for j := range ends {
+		ends[j] = n.ends[r.i+1+j] - int32(e)
+	}
+	l := t.newNode(nil, n.toks[e:], ends)
+	l.depth = n.depth
+	t.takeChildren(l, n)
+	t.takeSeqs(l, n)
+	l.total, l.rec, l.plain, l.hits = n.total, n.rec, n.plain, n.hits
+	n.toks = n.toks[:e:e]
+	t.setEnds(n, n.ends[:r.i+1:r.i+1])
+	n.depth -= len(l.toks)
+	n.insertChild(l)
+	t.touch(n)
+	t.suspects = append(t.suspects, l) // the pages below may hold nothing now
+	return n
+}
+
+// join folds n's only child c into n, n holding no sequence: n's pages are followed by c's.
+// No page changes.
+func (t *tree) join(n *node) {
+	c := n.kids[0]
+	toks := make([]int32, len(n.toks)+len(c.toks))
+	copy(toks, n.toks)
+	copy(toks[len(n.toks):], c.toks)
+	ends := make([]int32, len(n.ends)+len(c.ends))
+	copy(ends, n.ends)
+	for j, x := range c.ends {
+		ends[len(n.ends)+j] = x + int32(len(n.toks))
+	}
+	n.toks = toks
+	t.setEnds(n, ends)
+	n.depth = c.depth
+	t.removeChild(n, c)
+	t.takeChildren(n, c)
+	t.takeSeqs(n, c)
+	n.hits = max(n.hits, c.hits)
+	t.free(c)
+	t.touch(n)
+}
+
+// normalize joins the nodes an operation left with no sequence and one child to that child.
+func (t *tree) normalize() {
+	for _, n := range t.suspects {
+		// A suspect may have been freed (its parent is then nil) or reused since; joining any
+		// node that needs it is right.
+		for n.parent != nil && len(n.seqs) == 0 && len(n.kids) == 1 {
+			t.join(n)
+		}
+	}
+	clear(t.suspects)
+	t.suspects = t.suspects[:0]
+}
+
+// mergePage is MLC's MergePage: page r, mergeable, absorbs its only child page.
+func (t *tree) mergePage(r pageRef) {
+	n := r.n
+	if r.isLast() {
+		t.join(n)
+	}
+	t.setEnds(n, slices.Delete(slices.Clone(n.ends), r.i, r.i+1))
+	t.touch(n)
+}
+
+// splitPage is MLC's SplitPage: it cuts page r after k tokens (0 < k < r.len()), the lower
+// part taking the page's sequences and children; then it merges the lower part with its
+// child, and the upper part into its parent, where they can be. It returns the page that
+// ends where r's first k tokens end.
+func (t *tree) splitPage(r pageRef, k int) pageRef {
+	n := r.n
+	t.setEnds(n, slices.Insert(slices.Clone(n.ends), r.i, int32(n.start(r.i)+k)))
+	t.touch(n)
+	if lower := (pageRef{n, r.i + 1}); t.mergeable(lower) {
+		t.mergePage(lower)
+	}
+	up := pageRef{n, r.i}
+	if p, ok := up.parentPage(); ok && t.mergeable(p) {
+		t.mergePage(p) // p keeps its index, in n or in the parent node that absorbed n
+		return p
+	}
+	return up
+}
+
+// removeLeafPage drops page r, which holds no sequence and has no child: it is its node's
+// last page. A node left without pages leaves the tree.
+func (t *tree) removeLeafPage(r pageRef) {
+	n := r.n
+	if r.i == 0 {
+		t.removeChild(n.parent, n)
+		t.free(n)
+		return
+	}
+	n.depth -= r.len()
+	n.toks = n.toks[:n.start(r.i)]
+	t.setEnds(n, n.ends[:r.i])
+	t.touch(n)
+}
+
+// match walks from page r along q, child by first token, and stops in the page where the
+// common prefix ends: it returns that page, the tokens of q matched, and how many of the
+// page's tokens were (its length when the match reaches the page's end). r must be its
+// node's last page.
+func (t *tree) match(r pageRef, q []int32) (end pageRef, m, in int) {
+	n := r.n
+	for m < len(q) {
+		c := n.child(q[m])
+		if c == nil {
+			break
+		}
+		l := lcp(c.toks, q[m:])
+		m += l
+		if l < len(c.toks) {
+			p := pageAt(c, l)
+			return p, m, l - c.start(p.i)
+		}
+		n = c
+	}
+	p := lastOf(n)
+	return p, m, p.len()
+}
+
+// The operations.
+
 // add holds e, holding no token, at the root (MLC's AddSequence).
-func (t *tree) add(e *entry) { t.push(t.root, e) }
+func (t *tree) add(e *entry) {
+	t.push(lastOf(t.root), e)
+	t.normalize()
+}
 
 // fork holds e with the first off tokens of parent (0 < off <= parent's length), in the
 // page where parent's off-th token lies, split there if it lies inside (MLC's ForkSequence).
 func (t *tree) fork(e, parent *entry, off int) {
-	for p := parent.page; p != nil; p = p.parent {
-		if off > p.depth-len(p.toks) {
-			if off < p.depth {
-				p = t.split(p, off-(p.depth-len(p.toks)))
-			}
-			t.push(p, e)
-			return
-		}
+	n := parent.node
+	for n.depth-len(n.toks) >= off {
+		n = n.parent
 	}
-	panic("prefix: fork beyond the root")
+	r := pageAt(n, off-(n.depth-len(n.toks)))
+	if d := n.depth - len(n.toks) + n.end(r.i); off < d {
+		r = t.splitPage(r, r.len()-(d-off))
+	}
+	t.push(r, e)
+	t.normalize()
 }
 
-// extend appends toks to e (MLC's ExtendSequence). toks is the cache's own copy; pages may
+// extend appends toks to e (MLC's ExtendSequence). toks is the cache's own copy; nodes may
 // keep slices of it. An empty extension moves e to the front of its page.
 func (t *tree) extend(e *entry, toks []int32) {
-	orig := e.page
-	t.pop(e)
+	orig := t.pop(e)
+	// orig keeps its node and index through what follows: everything that changes happens
+	// below it, and nothing above it merges with it.
 	p, off, in := t.match(orig, toks)
-	if in < len(p.toks) {
-		p = t.split(p, in)
+	if in < p.len() {
+		p = t.splitPage(p, in)
 	}
-	if off < len(toks) && 2*(len(toks)-off) < len(toks) {
-		// Do not keep a mostly matched copy alive for its tail.
-		toks = append([]int32(nil), toks[off:]...)
-		off = 0
-	}
-	if off < len(toks) && len(p.seqs) == 0 && p.kids == 0 && p != t.root && len(p.toks) < t.cap {
-		k := min(t.cap-len(p.toks), len(toks)-off)
-		p.toks = append(p.toks, toks[off:off+k]...)
-		p.depth += k
-		off += k
-		t.touch(p)
-	}
-	for off < len(toks) {
-		k := min(t.cap, len(toks)-off)
-		chunk := toks[off : off+k : off+k]
-		if off+k == len(toks) {
-			chunk = toks[off:] // the copy's spare capacity is free for the last page to grow into
+	if off < len(toks) {
+		rest := toks[off:]
+		if 2*len(rest) < len(toks) {
+			// Do not keep a mostly matched copy alive for its tail.
+			rest = append([]int32(nil), rest...)
 		}
-		c := t.newPage(p, chunk)
-		p.insertChild(c)
-		p = c
-		off += k
+		if p.n != t.root && !p.hasSeqs() && p.kids() == 0 {
+			// A leaf page with no sequence: it fills up in place, and the pages that follow
+			// continue its chain.
+			n := p.n
+			n.toks = append(n.toks, rest...)
+			n.depth += len(rest)
+			t.setEnds(n, t.appendPages(n.ends, len(n.toks)-len(rest), len(n.toks)))
+			t.touch(n)
+			p = lastOf(n)
+		} else {
+			parent := t.materialize(p)
+			c := t.newNode(parent, rest, t.appendPages(nil, 0, len(rest)))
+			parent.insertChild(c)
+			p = lastOf(c)
+		}
 	}
 	t.push(p, e)
 	if t.mergeable(orig) {
-		t.merge(orig)
+		t.mergePage(orig)
 	}
+	t.normalize()
+}
+
+// appendPages cuts the tokens [from, to) of a node into pages and appends their ends to
+// ends: the node's last page, which ends at from, first fills up to cap tokens (unless there
+// is none), then full pages follow, and a last shorter one.
+func (t *tree) appendPages(ends []int32, from, to int) []int32 {
+	if len(ends) > 0 {
+		s := 0
+		if len(ends) > 1 {
+			s = int(ends[len(ends)-2])
+		}
+		fill := min(s+t.cap, to)
+		ends[len(ends)-1] = int32(fill)
+		from = fill
+	}
+	ends = slices.Grow(ends, (to-from+t.cap-1)/t.cap)
+	for from < to {
+		from = min(from+t.cap, to)
+		ends = append(ends, int32(from))
+	}
+	return ends
 }
 
 // rollBack drops the last n tokens of e (0 < n <= its length), as MLC's RollBackSequence
 // does: pages left empty on the way up are freed, a leaf left with no sequence shrinks in
 // place, and otherwise the page where e now ends is split. Nothing is merged.
 func (t *tree) rollBack(e *entry, n int) {
-	if n == e.page.depth {
+	if n == e.node.depth {
 		t.remove(e)
 		t.add(e)
 		return
 	}
-	p := e.page
-	t.pop(e)
-	for len(p.toks) <= n {
-		n -= len(p.toks)
-		parent := p.parent
-		if len(p.seqs) == 0 && p.kids == 0 {
-			parent.removeChild(p)
-			t.touch(parent)
-			t.free(p)
+	r := t.pop(e)
+	for r.len() <= n {
+		n -= r.len()
+		up, _ := r.parentPage()
+		if !r.hasSeqs() && r.kids() == 0 {
+			t.removeLeafPage(r)
 		}
-		p = parent
+		r = up
 	}
-	if len(p.seqs) == 0 && p.kids == 0 {
-		p.toks = p.toks[:len(p.toks)-n]
-		p.depth -= n
-		t.push(p, e)
-		return
+	if !r.hasSeqs() && r.kids() == 0 {
+		m := r.n
+		m.toks = m.toks[:len(m.toks)-n]
+		m.ends[len(m.ends)-1] -= int32(n)
+		m.depth -= n
+		t.touch(m)
+	} else if n > 0 {
+		r = t.splitPage(r, r.len()-n)
 	}
-	if n > 0 {
-		p = t.split(p, len(p.toks)-n)
-	}
-	t.push(p, e)
+	t.push(r, e)
+	t.normalize()
 }
 
 // remove drops e from the tree (MLC's RemoveSequence): the pages it leaves empty go, and the
 // first page left standing is merged with its child if it can be.
 func (t *tree) remove(e *entry) {
-	p := e.page
-	t.pop(e)
-	for p.parent != nil && len(p.seqs) == 0 && p.kids == 0 {
-		parent := p.parent
-		parent.removeChild(p)
-		t.touch(parent)
-		t.free(p)
-		p = parent
+	r := t.pop(e)
+	for r.n != t.root && !r.hasSeqs() && r.kids() == 0 {
+		up, _ := r.parentPage()
+		t.removeLeafPage(r)
+		r = up
 	}
-	if t.mergeable(p) {
-		t.merge(p)
+	if t.mergeable(r) {
+		t.mergePage(r)
 	}
+	t.normalize()
 }
 
-// split cuts p after k tokens (0 < k < len(p.toks)), as MLC's SplitPage: p keeps the first k
-// tokens and its place; a new page below it takes the rest, p's sequences and its children.
-// It then merges the new page with its child, and p into its parent, where they can be, and
-// returns the page that ends where p's first k tokens end.
-func (t *tree) split(p *page, k int) *page {
-	c := t.newPage(nil, p.toks[k:])
-	c.depth = p.depth
-	t.takeChildren(c, p)
-	t.takeSeqs(c, p)
-	c.total, c.rec, c.plain, c.hits = p.total, p.rec, p.plain, p.hits
-	p.toks = p.toks[:k:k]
-	p.depth -= len(c.toks)
-	p.insertChild(c)
-	t.touch(p)
-	if t.mergeable(c) {
-		t.merge(c)
-	}
-	if p.parent != nil && t.mergeable(p.parent) {
-		p = p.parent
-		t.merge(p)
-	}
-	return p
-}
+// Questions.
 
-// merge folds p's only child into p (MLC's MergePage): p takes its tokens, sequences and
-// children, and the child goes.
-func (t *tree) merge(p *page) {
-	c := p.first
-	toks := make([]int32, len(p.toks)+len(c.toks))
-	copy(toks, p.toks)
-	copy(toks[len(p.toks):], c.toks)
-	p.toks = toks
-	p.depth = c.depth
-	p.removeChild(c)
-	t.takeChildren(p, c)
-	t.takeSeqs(p, c)
-	p.hits = max(p.hits, c.hits)
-	t.free(c)
-	t.touch(p)
-}
-
-// eachSeq calls f for p's sequences, newest first, until f returns false.
-func eachSeq(p *page, f func(slot) bool) bool {
-	for i := len(p.seqs) - 1; i >= 0; i-- {
-		if !f(p.seqs[i]) {
+// eachSeq calls f for n's sequences, newest first, until f returns false.
+func eachSeq(n *node, f func(slot) bool) bool {
+	for i := len(n.seqs) - 1; i >= 0; i-- {
+		if !f(n.seqs[i]) {
 			return false
 		}
 	}
@@ -493,22 +681,29 @@ func eachSeq(p *page, f func(slot) bool) bool {
 }
 
 // candidatesOf calls f for the sequences of x's subtree in MLC's MatchPrefix order, until f
-// returns false: x's own, then below(x).
-func candidatesOf(x *page, f func(slot) bool) bool {
+// returns false, for a match that stopped in any page of x: x's own, then below(x).
+func candidatesOf(x *node, f func(slot) bool) bool {
 	return eachSeq(x, f) && below(x, f)
 }
 
-// below is MLC's Iterate from p's first child, where Iterate(c) visits c, then Iterate of
-// c's next sibling, then Iterate of c's first child: the sequences of all of p's children,
-// in list order, then, for each child from the oldest to the newest, below(child).
-func below(p *page, f func(slot) bool) bool {
-	for c := p.first; c != nil; c = c.next {
-		if !eachSeq(c, f) {
-			return false
+// below is MLC's Iterate from the first child of x's last page, where Iterate(c) visits c,
+// then Iterate of c's next sibling, then Iterate of c's first child. Page by page that is:
+// the sequences of all the children, in list order, then, for each child from the oldest to
+// the newest, the same below it. A child node of several pages has no sequence on its first
+// page: its own come first in its turn below, followed by what is below its last page.
+func below(x *node, f func(slot) bool) bool {
+	if x.kid1.seqs > 0 {
+		for i := len(x.kids) - 1; i >= 0; i-- {
+			if c := x.kids[i]; len(c.ends) == 1 && !eachSeq(c, f) {
+				return false
+			}
 		}
 	}
-	for c := p.last; c != nil; c = c.prev {
-		if c.kids > 0 && !below(c, f) {
+	for _, c := range x.kids {
+		if len(c.ends) > 1 && !eachSeq(c, f) {
+			return false
+		}
+		if len(c.kids) > 0 && !below(c, f) {
 			return false
 		}
 	}
@@ -520,55 +715,61 @@ func below(p *page, f func(slot) bool) bool {
 func reusable(m, l int) bool { return float64(m) > float64(l)*0.9 }
 
 // shortestRecycling returns the sequence InsertSequence takes over when no sliding window is
-// in play: the shortest recycling sequence with window w among x's candidates (the first in
-// candidate order among the shortest), provided it passes reusable(m, length); else nil.
+// in play: the shortest recycling sequence with window w among the candidates of x (the
+// first in candidate order among the shortest), provided it passes reusable(m, length); else
+// nil.
 //
-// It walks the candidates in order but skips the pages and subtrees that cannot improve on
+// It walks the candidates in order but skips the nodes and subtrees that cannot improve on
 // the best so far: those with nothing recycling, and those whose sequences (as long as the
-// page's depth, or longer below it) are no shorter than the best or too long to pass the
+// node's depth, or longer below it) are no shorter than the best or too long to pass the
 // test. Skipping those that fail the test changes nothing: the test is monotone in the
 // length, so if the shortest fails, every candidate does.
-func shortestRecycling(x *page, m int, w Window) *entry {
+func shortestRecycling(x *node, m int, w Window) *entry {
+	if x.rec == 0 {
+		return nil
+	}
 	var best *entry
 	bestLen := 0
 	useful := func(l int) bool { return reusable(m, l) && (best == nil || l < bestLen) }
-	look := func(p *page) {
-		if p.ownRec == 0 || !useful(p.depth) {
+	look := func(n *node) {
+		if n.own.rec == 0 || !useful(n.depth) {
 			return
 		}
-		for i := len(p.seqs) - 1; i >= 0; i-- {
-			if e := p.seqs[i].e; e.state == Recycling && e.window == w {
-				best, bestLen = e, p.depth
+		for i := len(n.seqs) - 1; i >= 0; i-- {
+			if e := n.seqs[i].e; e.state == Recycling && e.window == w {
+				best, bestLen = e, n.depth
 				return // the others here are as long, and later
 			}
 		}
 	}
-	var walk func(p *page)
-	walk = func(p *page) {
-		if p.kidRec > 0 {
-			for c := p.first; c != nil; c = c.next {
-				look(c)
+	var walk func(n *node)
+	walk = func(n *node) {
+		if n.kid1.rec > 0 {
+			for i := len(n.kids) - 1; i >= 0; i-- {
+				if c := n.kids[i]; len(c.ends) == 1 {
+					look(c)
+				}
 			}
 		}
-		for c := p.last; c != nil; c = c.prev {
-			if c.rec > c.ownRec && useful(c.depth+1) {
+		for _, c := range n.kids {
+			if len(c.ends) > 1 {
+				look(c)
+			}
+			if c.rec > c.own.rec && useful(c.depth+1) {
 				walk(c)
 			}
 		}
 	}
-	if x.rec == 0 {
-		return nil
-	}
 	look(x)
-	if x.kids > 0 && useful(x.depth+1) {
+	if len(x.kids) > 0 && useful(x.depth+1) {
 		walk(x)
 	}
 	return best
 }
 
-// firstPlain returns the first sequence without a sliding window among x's candidates, in
-// candidate order, or nil. It skips subtrees that hold none.
-func firstPlain(x *page) *entry {
+// firstPlain returns the first sequence without a sliding window among the candidates of x,
+// in candidate order, or nil. It skips subtrees that hold none.
+func firstPlain(x *node) *entry {
 	var found *entry
 	f := func(s slot) bool {
 		if s.e.window.Size == -1 {
@@ -580,17 +781,20 @@ func firstPlain(x *page) *entry {
 	if x.plain == 0 || !eachSeq(x, f) {
 		return found
 	}
-	var walk func(p *page) bool
-	walk = func(p *page) bool {
-		if p.kidPlain > 0 {
-			for c := p.first; c != nil; c = c.next {
-				if c.ownPlain > 0 && !eachSeq(c, f) {
+	var walk func(n *node) bool
+	walk = func(n *node) bool {
+		if n.kid1.plain > 0 {
+			for i := len(n.kids) - 1; i >= 0; i-- {
+				if c := n.kids[i]; len(c.ends) == 1 && c.own.plain > 0 && !eachSeq(c, f) {
 					return false
 				}
 			}
 		}
-		for c := p.last; c != nil; c = c.prev {
-			if c.plain > c.ownPlain && !walk(c) {
+		for _, c := range n.kids {
+			if len(c.ends) > 1 && c.own.plain > 0 && !eachSeq(c, f) {
+				return false
+			}
+			if c.plain > c.own.plain && !walk(c) {
 				return false
 			}
 		}

@@ -9,11 +9,11 @@ import (
 	"github.com/kvtop/kvtop/internal/invariants"
 )
 
-// order is a page's Node.Order. Siblings are listed newest first and a page never moves
-// among its siblings, so the newer page (the larger id) sorts first.
+// order is a node's Node.Order. Siblings are listed newest first and a node never moves
+// among its siblings, so the newer node (the larger id) sorts first.
 func order(id NodeID) uint32 { return math.MaxUint32 - uint32(id) }
 
-func snapshot(p *page) Node {
+func snapshot(p *node) Node {
 	s := Node{ID: p.id, Order: order(p.id), Depth: p.depth, Span: len(p.toks), Hits: p.hits}
 	if p.parent != nil {
 		s.Parent = p.parent.id
@@ -31,11 +31,11 @@ func snapshot(p *page) Node {
 // order), the root first.
 func (c *Cache) Nodes() []Node {
 	var out []Node
-	var visit func(p *page)
-	visit = func(p *page) {
+	var visit func(p *node)
+	visit = func(p *node) {
 		out = append(out, snapshot(p))
-		for k := p.first; k != nil; k = k.next {
-			visit(k)
+		for i := len(p.kids) - 1; i >= 0; i-- {
+			visit(p.kids[i])
 		}
 	}
 	visit(c.t.root)
@@ -80,17 +80,28 @@ func cmpID(a, b NodeID) int {
 	return 0
 }
 
-// Describe returns the tree as text, one page a line, indented by depth in the tree,
+// Describe returns the tree as text, one node a line, indented by depth in the tree,
 // children newest first:
 //
 //	#id +span =depth [seq:state ...] hits=n
 //
-// with the sequences in arrival order. Tests and debugging use it.
+// with the sequences in arrival order, and, for a node of several radix pages, their
+// lengths after the span (+150/64,64,22). Tests and debugging use it.
 func (c *Cache) Describe() string {
 	var b strings.Builder
-	var visit func(p *page, indent int)
-	visit = func(p *page, indent int) {
-		fmt.Fprintf(&b, "%s#%d +%d =%d [", strings.Repeat("  ", indent), p.id, len(p.toks), p.depth)
+	var visit func(p *node, indent int)
+	visit = func(p *node, indent int) {
+		fmt.Fprintf(&b, "%s#%d +%d", strings.Repeat("  ", indent), p.id, len(p.toks))
+		if len(p.ends) > 1 {
+			for i := range p.ends {
+				sep := ","
+				if i == 0 {
+					sep = "/"
+				}
+				fmt.Fprintf(&b, "%s%d", sep, p.end(i)-p.start(i))
+			}
+		}
+		fmt.Fprintf(&b, " =%d [", p.depth)
 		for i, x := range p.seqs {
 			if i > 0 {
 				b.WriteByte(' ')
@@ -98,8 +109,8 @@ func (c *Cache) Describe() string {
 			fmt.Fprintf(&b, "%d:%s", x.id, x.e.state)
 		}
 		fmt.Fprintf(&b, "] hits=%d\n", p.hits)
-		for k := p.first; k != nil; k = k.next {
-			visit(k, indent+1)
+		for i := len(p.kids) - 1; i >= 0; i-- {
+			visit(p.kids[i], indent+1)
 		}
 	}
 	visit(c.t.root, 0)
@@ -114,47 +125,54 @@ func (c *Cache) check() {
 	}
 }
 
-// Check verifies the cache's invariants and returns the first violation: every page but the
-// root holds 1 to 64 tokens and a sequence or a child, depths add up, the child lists are
-// well linked, newest first, with distinct first tokens and a right index, the subtree
-// counts are right, every sequence sits in exactly one page, and the recycling bookkeeping
-// (stamps, the least-recently-recycled list, the emulated map) holds exactly the recycling
-// sequences.
+// Check verifies the cache's invariants and returns the first violation: every node but the
+// root is a maximal chain of pages of 1 to 64 tokens (it holds a sequence or has two children
+// or more), depths add up, the children are in order (the newest last), with distinct first
+// tokens and a right index, the counts are right, every sequence sits in exactly one node, and
+// the recycling bookkeeping (stamps, the least-recently-recycled list, the emulated map) holds
+// exactly the recycling sequences.
 func (c *Cache) Check() error {
 	t := &c.t
 	if t.root.id != 0 || t.root.parent != nil || t.root.depth != 0 || len(t.root.toks) != 0 {
 		return fmt.Errorf("prefix: check: bad root")
 	}
 	seen := 0
-	var visit func(p *page) error
-	visit = func(p *page) error {
+	var visit func(p *node) error
+	visit = func(p *node) error {
 		if p.id >= t.nextID {
-			return fmt.Errorf("prefix: check: page %d: id beyond %d", p.id, t.nextID)
+			return fmt.Errorf("prefix: check: node %d: id beyond %d", p.id, t.nextID)
 		}
 		if p != t.root {
 			switch {
-			case len(p.toks) == 0 || len(p.toks) > t.cap:
-				return fmt.Errorf("prefix: check: page %d: %d tokens", p.id, len(p.toks))
+			case len(p.toks) == 0 || len(p.ends) == 0 || int(p.ends[len(p.ends)-1]) != len(p.toks):
+				return fmt.Errorf("prefix: check: node %d: %d tokens, pages ending at %v", p.id, len(p.toks), p.ends)
 			case p.depth != p.parent.depth+len(p.toks):
-				return fmt.Errorf("prefix: check: page %d: depth %d, parent depth %d + %d tokens", p.id, p.depth, p.parent.depth, len(p.toks))
-			case len(p.seqs) == 0 && p.kids == 0:
-				return fmt.Errorf("prefix: check: page %d: empty leaf", p.id)
+				return fmt.Errorf("prefix: check: node %d: depth %d, parent depth %d + %d tokens", p.id, p.depth, p.parent.depth, len(p.toks))
+			case len(p.seqs) == 0 && len(p.kids) < 2:
+				return fmt.Errorf("prefix: check: node %d: %d children and no sequence", p.id, len(p.kids))
 			}
+			for i := range p.ends {
+				if l := p.end(i) - p.start(i); l < 1 || l > t.cap {
+					return fmt.Errorf("prefix: check: node %d: node %d of %d tokens", p.id, i, l)
+				}
+			}
+		} else if len(p.toks) != 0 || len(p.ends) != 0 {
+			return fmt.Errorf("prefix: check: the root holds tokens")
 		}
 		if p.dirtyAt >= 0 && (int(p.dirtyAt) >= len(t.dirty) || t.dirty[p.dirtyAt] != p) {
-			return fmt.Errorf("prefix: check: page %d: dirty index %d out of step", p.id, p.dirtyAt)
+			return fmt.Errorf("prefix: check: node %d: dirty index %d out of step", p.id, p.dirtyAt)
 		}
 		if p.fresh && p.dirtyAt < 0 {
-			return fmt.Errorf("prefix: check: page %d: created but not recorded", p.id)
+			return fmt.Errorf("prefix: check: node %d: created but not recorded", p.id)
 		}
 		var total, rec, plain int32
 		for _, x := range p.seqs {
 			e := x.e
-			if e.page != p || c.seqs[e.id] != e || x.id != e.id {
-				return fmt.Errorf("prefix: check: page %d: sequence %d out of step", p.id, e.id)
+			if e.node != p || c.seqs[e.id] != e || x.id != e.id {
+				return fmt.Errorf("prefix: check: node %d: sequence %d out of step", p.id, e.id)
 			}
 			if (e.state == Active) != (e.stamp == 0) {
-				return fmt.Errorf("prefix: check: page %d: %d %v with stamp %d", p.id, e.id, e.state, e.stamp)
+				return fmt.Errorf("prefix: check: node %d: %d %v with stamp %d", p.id, e.id, e.state, e.stamp)
 			}
 			seen++
 			total++
@@ -165,30 +183,27 @@ func (c *Cache) Check() error {
 				plain++
 			}
 		}
-		if p.kids > indexAt && p.index == nil {
-			return fmt.Errorf("prefix: check: page %d: %d children, no index", p.id, p.kids)
+		if len(p.kids) > indexAt && p.index == nil {
+			return fmt.Errorf("prefix: check: node %d: %d children, no index", p.id, len(p.kids))
 		}
-		if p.index != nil && len(p.index) != int(p.kids) {
-			return fmt.Errorf("prefix: check: page %d: index of %d for %d children", p.id, len(p.index), p.kids)
+		if p.index != nil && len(p.index) != len(p.kids) {
+			return fmt.Errorf("prefix: check: node %d: index of %d for %d children", p.id, len(p.index), len(p.kids))
 		}
-		firsts := make(map[int32]bool, p.kids)
-		n := int32(0)
-		var prev *page
-		for k := p.first; k != nil; prev, k = k, k.next {
-			n++
-			if k.parent != p || k.prev != prev {
-				return fmt.Errorf("prefix: check: page %d: child %d badly linked", p.id, k.id)
+		firsts := make(map[int32]bool, len(p.kids))
+		for i, k := range p.kids {
+			if k.parent != p {
+				return fmt.Errorf("prefix: check: node %d: child %d has parent %v", p.id, k.id, k.parent)
 			}
-			if prev != nil && prev.id <= k.id {
-				return fmt.Errorf("prefix: check: page %d: children %d and %d not newest first", p.id, prev.id, k.id)
+			if i > 0 && p.kids[i-1].id >= k.id {
+				return fmt.Errorf("prefix: check: node %d: children %d and %d not oldest first", p.id, p.kids[i-1].id, k.id)
 			}
 			if len(k.toks) > 0 {
 				if firsts[k.toks[0]] {
-					return fmt.Errorf("prefix: check: page %d: two children start with %d", p.id, k.toks[0])
+					return fmt.Errorf("prefix: check: node %d: two children start with %d", p.id, k.toks[0])
 				}
 				firsts[k.toks[0]] = true
 				if p.index != nil && p.index[k.toks[0]] != k {
-					return fmt.Errorf("prefix: check: page %d: index out of step for %d", p.id, k.toks[0])
+					return fmt.Errorf("prefix: check: node %d: index out of step for %d", p.id, k.toks[0])
 				}
 			}
 			if err := visit(k); err != nil {
@@ -198,30 +213,29 @@ func (c *Cache) Check() error {
 			rec += k.rec
 			plain += k.plain
 		}
-		if n != p.kids || p.last != prev {
-			return fmt.Errorf("prefix: check: page %d: %d children listed, count %d, last %v", p.id, n, p.kids, p.last)
-		}
-		var ownRec, ownPlain, kidRec, kidPlain int32
+		var own, kid1 counts
 		for _, x := range p.seqs {
+			own.seqs++
 			if x.e.state == Recycling {
-				ownRec++
+				own.rec++
 			}
 			if x.e.window.Size == -1 {
-				ownPlain++
+				own.plain++
 			}
 		}
-		for k := p.first; k != nil; k = k.next {
-			kidRec += k.ownRec
-			kidPlain += k.ownPlain
+		for _, k := range p.kids {
+			if len(k.ends) == 1 {
+				kid1 = kid1.plus(k.own)
+			}
 		}
-		if ownRec != p.ownRec || ownPlain != p.ownPlain || kidRec != p.kidRec || kidPlain != p.kidPlain {
-			return fmt.Errorf("prefix: check: page %d: own counts %d/%d, children's %d/%d, want %d/%d, %d/%d", p.id, p.ownRec, p.ownPlain, p.kidRec, p.kidPlain, ownRec, ownPlain, kidRec, kidPlain)
+		if own != p.own || kid1 != p.kid1 {
+			return fmt.Errorf("prefix: check: node %d: own counts %+v, one-page children's %+v, want %+v, %+v", p.id, p.own, p.kid1, own, kid1)
 		}
 		if len(p.seqs) <= 1 && cap(p.seqs) == 1 && &p.seqs[:1][0] != &p.inline[0] {
-			return fmt.Errorf("prefix: check: page %d: holds another page's array", p.id)
+			return fmt.Errorf("prefix: check: node %d: holds another page's array", p.id)
 		}
 		if total != p.total || rec != p.rec || plain != p.plain {
-			return fmt.Errorf("prefix: check: page %d: counts %d/%d/%d, want %d/%d/%d", p.id, p.total, p.rec, p.plain, total, rec, plain)
+			return fmt.Errorf("prefix: check: node %d: counts %d/%d/%d, want %d/%d/%d", p.id, p.total, p.rec, p.plain, total, rec, plain)
 		}
 		return nil
 	}
@@ -236,7 +250,7 @@ func (c *Cache) Check() error {
 	}
 	for _, p := range t.dirty {
 		if p.toks == nil && p != t.root {
-			return fmt.Errorf("prefix: check: dead page %d recorded as changed", p.id)
+			return fmt.Errorf("prefix: check: dead node %d recorded as changed", p.id)
 		}
 	}
 	return nil
