@@ -837,6 +837,9 @@ func TestStrings(t *testing.T) {
 		{Fresh.String(), "new"}, {Fork.String(), "fork"}, {Reuse.String(), "reuse"},
 		{Radix.String(), "radix"}, {Disabled.String(), "disabled"},
 		{State(9).String(), "State(9)"}, {Kind(9).String(), "Kind(9)"}, {Mode(9).String(), "Mode(9)"},
+		{EvictMLC.String(), "mlc"}, {EvictLRU.String(), "lru"}, {EvictOrder(9).String(), "EvictOrder(9)"},
+		{Eviction{Seq: 5, Recycled: 3, Oldest: 2, OldestRecycled: 1}.String(), "evicted 5 (recycled #3), 2 recycled earlier (#1) stays"},
+		{Eviction{Seq: 2, Recycled: 1, Oldest: 5, OldestRecycled: 3}.String(), "evicted 2 (recycled #1)"},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("String() = %q, want %q", tc.got, tc.want)
@@ -877,6 +880,16 @@ func TestNodeJSONRoundTrip(t *testing.T) {
 	var out Node
 	if err := json.Unmarshal(b, &out); err != nil || fmt.Sprint(out) != fmt.Sprint(in) {
 		t.Errorf("json.Unmarshal(%s) = %+v, %v, want %+v", b, out, err, in)
+	}
+	for _, o := range []EvictOrder{EvictMLC, EvictLRU} {
+		var got EvictOrder
+		if text, _ := o.MarshalText(); got.UnmarshalText(text) != nil || got != o {
+			t.Errorf("EvictOrder %v does not round-trip through its text: %v", o, got)
+		}
+	}
+	var o EvictOrder
+	if err := o.UnmarshalText([]byte("fifo")); err == nil {
+		t.Errorf("EvictOrder.UnmarshalText(fifo) = nil error, want an error")
 	}
 	var k Kind
 	if err := k.UnmarshalText([]byte("fork")); err != nil || k != Fork {
