@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvtop/kvtop/engine/pages"
+	"github.com/kvtop/kvtop/engine/prefix"
 	"github.com/kvtop/kvtop/engine/prepare"
 )
 
@@ -25,6 +26,10 @@ type Config struct {
 	// MaxRecycling is prefix_cache_max_num_recycling_seqs: -1 unbounded, 0 none, or
 	// RecyclingAsBatch for max_num_sequence, MLC's default.
 	MaxRecycling int `json:"max_recycling"`
+	// EvictOrder is which recycling sequence the prefix cache evicts: MLC's (the zero value,
+	// libstdc++'s hash-map order, usually the most recently recycled) or the least recently
+	// recycled (what MLC's code means to do). docs/prefix-cache.md.
+	EvictOrder prefix.EvictOrder `json:"evict_order"`
 	// Watermark is the prepare-receive watermark in pages (400, hard-coded in MLC).
 	Watermark int `json:"watermark"`
 	// SpecDraftLength > 0 turns speculative decoding's accounting on: spec_factor is
@@ -125,6 +130,8 @@ func (c Config) Validate() error {
 		return bad("prefill_chunk_size %d must be positive", c.PrefillChunkSize)
 	case c.PrefixCache != "radix" && c.PrefixCache != "disable":
 		return bad("prefix cache mode %q must be radix or disable", c.PrefixCache)
+	case c.EvictOrder != prefix.EvictMLC && c.EvictOrder != prefix.EvictLRU:
+		return bad("eviction order %v must be mlc or lru", c.EvictOrder)
 	case c.Recycling() < -1:
 		return bad("max recycling %d must be -1 (unbounded), 0 or positive", c.Recycling())
 	case c.Watermark < 0:

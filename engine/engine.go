@@ -134,7 +134,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.PrefixCache == "radix" {
 		mode = prefix.Radix
 	}
-	e.prefix = prefix.New(prefix.Config{Mode: mode, MaxRecycling: cfg.Recycling(), OnEvict: e.onEvict})
+	e.prefix = prefix.New(prefix.Config{Mode: mode, MaxRecycling: cfg.Recycling(), Evict: cfg.EvictOrder, OnEvict: e.onEvict})
 	act, err := prepare.New(prepare.Config{
 		PageSize:               cfg.PageSize,
 		MaxNumSequence:         cfg.MaxNumSequence,
@@ -826,9 +826,14 @@ func (e *Engine) removeSeq(seq int64) {
 }
 
 // onEvict is the prefix cache's eviction callback: the KV sequence goes too.
-func (e *Engine) onEvict(seq int64) {
+func (e *Engine) onEvict(ev prefix.Eviction) {
 	e.totals.Evicted++
-	e.emit(SeqEvicted{Stamp: e.mark(), Seq: seq, Freed: e.dropSeq(seq)})
+	owner := ""
+	if r := e.seqOwner[ev.Seq]; r != nil {
+		owner = r.id
+	}
+	e.emit(SeqEvicted{Stamp: e.mark(), Seq: ev.Seq, ID: owner, Freed: e.dropSeq(ev.Seq),
+		Recycled: ev.Recycled, Oldest: ev.Oldest, OldestRecycled: ev.OldestRecycled})
 }
 
 // dropSeq removes a KV sequence from every model's cache, frees its id and returns the
@@ -946,7 +951,7 @@ func (e *Engine) flushPrefix() {
 	if len(up) == 0 && len(rm) == 0 {
 		return
 	}
-	e.emit(PrefixChanged{Stamp: e.mark(), Upserts: up, Removed: rm, Stats: e.prefix.Stats()})
+	e.emit(PrefixChanged{Stamp: e.mark(), Upserts: up, Removed: rm, Stats: e.prefix.Stats(), Recycling: e.prefix.Recycling()})
 }
 
 func remove[T comparable](s []T, v T) []T {

@@ -128,13 +128,25 @@ type SeqRecycled struct {
 	ID  string `json:"id"`
 }
 
-// SeqEvicted fires when the prefix cache evicts a recycling sequence (least recently recycled
-// first) and its KV sequence is removed; Freed pages went back to the free list.
+// SeqEvicted fires when the prefix cache evicts a recycling sequence (in the configured order:
+// MLC's, usually the most recently recycled, or the least recently recycled) and its KV
+// sequence is removed; Freed pages went back to the free list. ID is the request that last
+// held it; Recycled is its recycle stamp (the prefix cache's count of recycles when it was
+// recycled; 0 for one removed as it was recycled, with no recycling kept). Oldest is the
+// least recently recycled sequence still held, -1 if none, and OldestRecycled its stamp: when
+// it is older than the victim, MLC's order evicted newer KV and kept older.
 type SeqEvicted struct {
 	Stamp
-	Seq   int64 `json:"seq"`
-	Freed int   `json:"freed"`
+	Seq            int64  `json:"seq"`
+	ID             string `json:"id,omitempty"`
+	Freed          int    `json:"freed"`
+	Recycled       uint64 `json:"recycled"`
+	Oldest         int64  `json:"oldest"`
+	OldestRecycled uint64 `json:"oldest_recycled"`
 }
+
+// OlderKept reports whether a sequence recycled before the evicted one stayed.
+func (e SeqEvicted) OlderKept() bool { return e.Oldest >= 0 && e.OldestRecycled < e.Recycled }
 
 // MetadataEmitted fires with a prepare-receive answer: the reserved slots of each model as
 // runs, and the kv_append_metadata string.
@@ -221,12 +233,15 @@ type RequestRetired struct {
 }
 
 // PrefixChanged fires at the end of a step or call that changed the prefix tree: the nodes
-// created or modified (as they are now) and those deleted, and the cache's counters.
+// created or modified (as they are now) and those deleted, the cache's counters, and the
+// recycling sequences in the order the cache will evict them (the next victim first; under
+// MLC's order a recycle may put a sequence anywhere in it, which only the cache knows).
 type PrefixChanged struct {
 	Stamp
-	Upserts []prefix.Node   `json:"upserts"`
-	Removed []prefix.NodeID `json:"removed"`
-	Stats   prefix.Stats    `json:"stats"`
+	Upserts   []prefix.Node   `json:"upserts"`
+	Removed   []prefix.NodeID `json:"removed"`
+	Stats     prefix.Stats    `json:"stats"`
+	Recycling []int64         `json:"recycling"`
 }
 
 // HazardDetected fires when the engine sees something that MLC lets happen silently and that
@@ -515,7 +530,18 @@ func (e SeqRemoved) String() string {
 func (e SeqRecycled) String() string { return fmt.Sprintf("seq %d of %s recycled", e.Seq, e.ID) }
 
 func (e SeqEvicted) String() string {
-	return fmt.Sprintf("seq %d evicted, %d pages freed", e.Seq, e.Freed)
+	s := fmt.Sprintf("seq %d evicted", e.Seq)
+	if e.ID != "" {
+		s += " (" + e.ID + "'s)"
+	}
+	s += fmt.Sprintf(", %d pages freed", e.Freed)
+	if e.Recycled > 0 {
+		s += fmt.Sprintf("; recycled #%d", e.Recycled)
+	}
+	if e.OlderKept() {
+		s += fmt.Sprintf(", seq %d recycled earlier (#%d) stays", e.Oldest, e.OldestRecycled)
+	}
+	return s
 }
 
 func (e MetadataEmitted) String() string {
@@ -578,8 +604,12 @@ func (e PrefixChanged) String() string {
 	for _, n := range e.Upserts {
 		ids = append(ids, fmt.Sprint(n.ID))
 	}
-	return fmt.Sprintf("prefix tree: %d nodes changed [%s], %d removed %v; hit %d/%d tokens",
+	s := fmt.Sprintf("prefix tree: %d nodes changed [%s], %d removed %v; hit %d/%d tokens",
 		len(e.Upserts), strings.Join(ids, " "), len(e.Removed), e.Removed, e.Stats.HitTokens, e.Stats.QueryTokens)
+	if len(e.Recycling) > 0 {
+		s += fmt.Sprintf("; recycling %v, next evicted first", e.Recycling)
+	}
+	return s
 }
 
 func (e HazardDetected) String() string { return "hazard " + e.Hazard.String() }

@@ -22,7 +22,7 @@ import (
 // Commands:
 //
 //	new [page_size=16] [max_total=8192] [max_num_seq=4] [chunk=1024] [prefix=radix|disable]
-//	    [max_recycling=-1] [watermark=400] [models=1] [age_limit=30s] [reclaim=0s]
+//	    [max_recycling=-1] [evict=mlc|lru] [watermark=400] [models=1] [age_limit=30s] [reclaim=0s]
 //	    [exclude_unreceived] [keep_finished=256] [arena=LAYERSxHEADSxDIM]
 //	prep id=A len=40 [end=-1] [max_tokens=16] [stem=S] [shared=N] [n=1]
 //	    The prompt's first `shared` tokens (all by default) are those of stem S (the id by
@@ -105,6 +105,9 @@ func (h *scriptHarness) run(d *datadriven.TestData) string {
 		cfg.PrefillChunkSize = h.intArg(d, "chunk", 1024)
 		cfg.PrefixCache = h.arg(d, "prefix", "radix")
 		cfg.MaxRecycling = h.intArg(d, "max_recycling", -1)
+		if err := cfg.EvictOrder.UnmarshalText([]byte(h.arg(d, "evict", "mlc"))); err != nil {
+			d.Fatalf(h.t, "evict: %v", err)
+		}
 		cfg.Watermark = h.intArg(d, "watermark", 400)
 		cfg.Models = h.intArg(d, "models", 1)
 		cfg.PreparedAgeLimit = h.durArg(d, "age_limit", 30*time.Second)

@@ -26,7 +26,8 @@ type Snapshot struct {
 	Pages       pages.State   `json:"pages"`
 	Prefix      []prefix.Node `json:"prefix"` // the radix tree, depth first, root first
 	PrefixStats prefix.Stats  `json:"prefix_stats"`
-	// Recycling lists the recycling sequences, least recently recycled (next evicted) first.
+	// Recycling lists the recycling sequences in the order the prefix cache will evict
+	// them, the next victim first.
 	Recycling []int64 `json:"recycling"`
 	// Owners names the request holding, or that last held, each KV sequence.
 	Owners   []SeqOwner        `json:"owners"`
@@ -761,6 +762,7 @@ func (v *View) apply(ev Event) error {
 			delete(v.nodes, id)
 		}
 		v.stats = e.Stats
+		v.recycling = append(v.recycling[:0], e.Recycling...)
 	case HazardDetected:
 		v.totals.Hazards[e.Hazard.Kind]++
 		if r := v.reqs[e.Hazard.ID]; r != nil && len(r.Hazards) < maxHazards {

@@ -136,8 +136,8 @@ func TestFilter(t *testing.T) {
 	}
 	// The event log filters too.
 	press(m, "5", "/", "hazard_detected", "enter")
-	if n := len(m.events.idx); n != 2 {
-		t.Errorf("events filtered on hazard_detected: %d, want 2", n)
+	if n := len(m.events.idx); n != 3 { // start-before-kv, abort-leak, fork-unreceived
+		t.Errorf("events filtered on hazard_detected: %d, want 3", n)
 	}
 }
 

@@ -101,8 +101,8 @@ func TestFilterPrompt(t *testing.T) {
 func TestFilterPromptEvents(t *testing.T) {
 	m, _ := feedModel(t, busy(t), Options{}, 120, 60)
 	run(m, msgs("5", "/", "hazard", "_", "detected", "enter"))
-	if got, n := m.events.filter.text, len(m.events.idx); got != "hazard_detected" || n != 2 {
-		t.Errorf("events filter %q with %d rows, want hazard_detected with 2", got, n)
+	if got, n := m.events.filter.text, len(m.events.idx); got != "hazard_detected" || n != 3 {
+		t.Errorf("events filter %q with %d rows, want hazard_detected with 3", got, n)
 	}
 	if m.requests.filter.text != "" {
 		t.Errorf("the requests panel was filtered too: %q", m.requests.filter.text)

@@ -24,6 +24,8 @@ func engineFlags(fs *flag.FlagSet) func(base engine.Config) (engine.Config, floa
 	prefixMode := fs.String("prefix-cache", d.PrefixCache, "prefix cache mode: radix or disable")
 	maxRecycling := fs.Int("max-recycling", d.MaxRecycling,
 		"finished sequences kept for reuse: -1 unbounded, 0 none; the default (-2) is max-num-seq, as in MLC")
+	evictOrder := fs.String("evict-order", d.EvictOrder.String(),
+		"which recycling sequence the prefix cache evicts: mlc (MLC's real order, libstdc++'s hash-map\norder, usually the most recently recycled) or lru (the least recently recycled, what MLC's code means)")
 	watermark := fs.Int("watermark", d.Watermark, "pages prepare-receive leaves free (hard-coded 400 in MLC)")
 	specDraft := fs.Int("spec-draft-len", d.SpecDraftLength, "speculative draft length; > 0 multiplies the batch by draft+1 in admission")
 	models := fs.Int("models", d.Models, "models sharing the cache geometry (2 with a draft model); their metadata is concatenated")
@@ -52,6 +54,11 @@ func engineFlags(fs *flag.FlagSet) func(base engine.Config) (engine.Config, floa
 		apply("prefix-cache", func() { c.PrefixCache = *prefixMode })
 		apply("max-recycling", func() { c.MaxRecycling = *maxRecycling })
 		apply("watermark", func() { c.Watermark = *watermark })
+		if set["evict-order"] {
+			if err := c.EvictOrder.UnmarshalText([]byte(*evictOrder)); err != nil {
+				return c, 0, fmt.Errorf("--evict-order %q: want mlc or lru", *evictOrder)
+			}
+		}
 		apply("spec-draft-len", func() { c.SpecDraftLength = *specDraft })
 		apply("models", func() { c.Models = *models })
 		apply("arena-limit", func() { c.ArenaLimit = *arenaLimit })

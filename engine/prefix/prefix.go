@@ -127,12 +127,14 @@ type Config struct {
 	// MaxRecycling is MLC's prefix_cache_max_num_recycling_seqs: -1 (or any negative)
 	// unbounded, 0 none (a recycled sequence is removed at once), else the cap.
 	MaxRecycling int
+	// Evict is the order in which recycling sequences are evicted; the zero value is MLC's.
+	Evict EvictOrder
 	// OnEvict is called whenever the cache drops a sequence whose KV the caller must free:
 	// TryFreeMemory, a RecycleSequence that evicts to stay under the cap, a RecycleSequence
 	// with MaxRecycling 0. It is not called by RemoveSequence. It runs synchronously, at the
 	// end of the call that evicted, once the Cache is consistent; it must not call the
 	// Cache's mutating methods. Nil is allowed.
-	OnEvict func(id int64)
+	OnEvict func(Eviction)
 }
 
 // Result is what InsertSequence tells the caller to do.
@@ -168,20 +170,23 @@ type Stats struct {
 	Evictions   uint64 `json:"evictions"`    // sequences handed to OnEvict
 }
 
-// Node is a read-only snapshot of one tree node.
+// Node is a read-only snapshot of one tree node. A node is a maximal chain of MLC's radix
+// pages: every page but its last holds no sequence and has the next as its only child, so a
+// node holds a sequence or has two children or more, as in a compressed radix tree.
 type Node struct {
 	ID     NodeID `json:"id"`
 	Parent NodeID `json:"parent"` // root: ID 0, Parent 0
-	// Order sorts siblings: children of a node, by ascending Order, are in the order their
-	// branches were created (a node made by a split or a merge takes the place, and the
-	// Order, of the node it replaces).
+	// Order sorts siblings as MLC lists them: by ascending Order, the newest first. A node
+	// keeps its place among its siblings, and its Order, for life: a node cut in two keeps
+	// its place as the upper part, the lower part being its only child until a newer
+	// sibling comes; a node joined with its only child keeps its place.
 	Order uint32   `json:"order"`
 	Depth int      `json:"depth"` // tokens from the root to the end of this node
-	Span  int      `json:"span"`  // tokens on the edge into this node
+	Span  int      `json:"span"`  // tokens on the edge into this node, over one radix page or more
 	Seqs  []SeqRef `json:"seqs"`  // sequences whose tokens end exactly here, in the order they arrived here
 	// Hits counts InsertSequence matches whose path passed through or stopped in this node
-	// (the root counts every InsertSequence). A node made by a split starts with the count of
-	// the node it was split from; a merge keeps the upper node's count.
+	// (the root counts every InsertSequence). The lower part of a node cut in two starts with
+	// the count of the node it was cut from; a node joined with its child keeps the larger.
 	Hits uint64 `json:"hits"`
 }
 
@@ -191,28 +196,23 @@ type SeqRef struct {
 	State State `json:"state"`
 }
 
-// Cache is the prefix cache. The zero value is not usable; call New.
+// Cache is the prefix cache: the policy of MLC's PrefixCache (cpp/serve/prefix_cache.cc:
+// which sequences are active or recycling, what a new request reuses or forks, what is
+// evicted) over the radix tree. The zero value is not usable; call New.
 type Cache struct {
 	radix   bool
 	maxRec  int
-	onEvict func(id int64)
+	onEvict func(Eviction)
 
-	root   *node
-	nextID NodeID
-	seqs   map[int64]*entry
+	t    tree
+	seqs map[int64]*entry
 
 	pending []extension
-
-	// The recycling sequences, least recently recycled first.
-	recHead, recTail *entry
-	numRec           int
+	rec     recycling
 
 	stats Stats
 
-	dirty   []*node  // nodes created or modified since the last TakeChanges
-	removed []NodeID // nodes that existed at the last TakeChanges and were deleted since
-
-	evicted []int64 // OnEvict calls owed at the end of the current call
+	evicted []Eviction // OnEvict calls owed at the end of the current call
 }
 
 type extension struct {
@@ -220,27 +220,25 @@ type extension struct {
 	tokens []int32
 }
 
-// entry is a cached sequence. Its length is its node's depth.
-type entry struct {
-	id         int64
-	node       *node
-	state      State
-	window     Window
-	prev, next *entry // recycling list links
-}
-
 // New returns an empty Cache. A Mode other than Radix gives a disabled cache.
 func New(cfg Config) *Cache {
+	return newCache(cfg, pageCapacity)
+}
+
+// newCache is New with radix pages of capacity tokens; tests use small pages to exercise
+// the chains and merges that 64-token pages make rare.
+func newCache(cfg Config, capacity int) *Cache {
 	c := &Cache{
 		radix:   cfg.Mode == Radix,
 		maxRec:  cfg.MaxRecycling,
 		onEvict: cfg.OnEvict,
 		seqs:    make(map[int64]*entry),
+		t:       newTree(capacity),
+		rec:     recycling{order: cfg.Evict},
 	}
 	if c.maxRec < 0 {
 		c.maxRec = -1
 	}
-	c.root = c.newNode(nil, nil, 0)
 	return c
 }
 
@@ -278,76 +276,92 @@ func (c *Cache) InsertSequence(id int64, tokens []int32, w Window) (Result, erro
 	return res, nil
 }
 
+// insert asks the tree for the match and its candidates, and decides.
 func (c *Cache) insert(id int64, q []int32, w Window) Result {
-	x, m := c.match(q)
-	c.root.hits++
-	c.touch(c.root)
+	t := &c.t
+	stop, m, _ := t.match(lastOf(t.root), q)
+	x := stop.n // the candidates are the sequences of x's subtree
+	t.root.hits++
+	t.touch(t.root)
 	res := Result{Kind: Fresh, Parent: -1, Matched: m}
 	if m == 0 {
-		c.add(id, w, c.root)
+		t.add(c.newEntry(id, w))
 		return res
 	}
 	res.Candidates = int(x.total)
 	end := x // the node holding the m-th token once the call is done
+	var r *entry
 	if w.Size == -1 {
-		if r := c.findReuse(x, m, w); r != nil {
-			res.Kind, res.Offset, res.Parent, res.Pop = Reuse, m, r.id, r.node.depth-m
-			c.setState(r, Active)
-			c.rollBack(r, res.Pop)
-			end = r.node
-		} else if p := firstPlain(x); p != nil {
-			res.Kind, res.Offset, res.Parent = Fork, m, p.id
-			end = c.nodeAt(x, m)
-			c.add(id, w, end)
-		} else {
-			c.add(id, w, c.root)
-		}
-	} else {
-		var r *entry
-		if x.depth == m {
-			for i := len(x.seqs) - 1; i >= 0; i-- {
-				if e := x.seqs[i].e; e.state == Recycling && e.window == w {
-					r = e
-					break
-				}
+		r = shortestRecycling(x, m, w)
+	} else if x.depth == m {
+		// With a sliding window only a sequence of exactly m tokens is taken over, and none
+		// is forked. Only x's own sequences can be that long.
+		for i := len(x.seqs) - 1; i >= 0; i-- {
+			if e := x.seqs[i].e; e.state == Recycling && e.window == w {
+				r = e
+				break
 			}
 		}
-		if r != nil {
-			res.Kind, res.Offset, res.Parent = Reuse, m, r.id
-			c.setState(r, Active)
-		} else {
-			c.add(id, w, c.root)
+	}
+	var p *entry // the fork's parent
+	if r == nil && w.Size == -1 {
+		p = firstPlain(x)
+	}
+	switch {
+	case r != nil:
+		res.Kind, res.Offset, res.Parent, res.Pop = Reuse, m, r.id, r.node.depth-m
+		c.rec.drop(r)
+		t.setState(r, Active)
+		if res.Pop > 0 {
+			t.rollBack(r, res.Pop)
 		}
+		end = r.node
+	case p != nil:
+		res.Kind, res.Offset, res.Parent = Fork, m, p.id
+		e := c.newEntry(id, w)
+		t.fork(e, p, m)
+		end = e.node
+	default:
+		t.add(c.newEntry(id, w))
 	}
 	n := 0
-	for y := end; y != c.root; y = y.parent {
+	for y := end; y != t.root; y = y.parent {
 		y.hits++
-		c.touch(y)
+		t.touch(y)
 		n++
 	}
 	res.Path = make([]NodeID, n)
-	for y := end; y != c.root; y = y.parent {
+	for y := end; y != t.root; y = y.parent {
 		n--
 		res.Path[n] = y.id
 	}
 	return res
 }
 
+func (c *Cache) newEntry(id int64, w Window) *entry {
+	e := &entry{id: id, state: Active, window: w}
+	c.seqs[id] = e
+	return e
+}
+
 // ExtendSequence queues tokens to append to sequence id at the next commit
 // (CommitSequenceExtension, or any call that commits first). It copies tokens. An extension
-// of a sequence that is no longer held when it is committed is skipped; an empty one is
-// ignored.
+// of a sequence that is no longer held when it is committed is skipped. An empty one still
+// counts: as in MLC, committing it moves the sequence to the front of its page's list.
 func (c *Cache) ExtendSequence(id int64, tokens []int32) {
-	if !c.radix || len(tokens) == 0 {
+	if !c.radix {
 		return
 	}
 	// append, not make and copy: the copy is not zeroed first. Its spare capacity, if the
-	// allocator rounds up, lets the leaf it may become grow in place.
+	// allocator rounds up, lets the node it may become grow in place.
 	c.pending = append(c.pending, extension{id, append([]int32(nil), tokens...)})
 }
 
 // CommitSequenceExtension applies the queued extensions in the order they were queued.
 func (c *Cache) CommitSequenceExtension() {
+	if !c.radix {
+		return
+	}
 	c.commit()
 	c.done()
 }
@@ -356,16 +370,16 @@ func (c *Cache) commit() {
 	for i := range c.pending {
 		p := &c.pending[i]
 		if e := c.seqs[p.id]; e != nil {
-			c.extend(e, p.tokens)
+			c.t.extend(e, p.tokens)
 		}
 	}
 	clear(c.pending)
 	c.pending = c.pending[:0]
 }
 
-// RecycleSequence marks the active sequence id as recycling, the most recently recycled.
-// With MaxRecycling 0 it commits and removes the sequence instead (calling OnEvict); at the
-// cap it first evicts the least recently recycled sequence (TryFreeMemory).
+// RecycleSequence commits pending extensions and marks the active sequence id recycling,
+// stamping it with the next value of the recycle counter. With MaxRecycling 0 it removes the
+// sequence instead (calling OnEvict); at the cap it first evicts one (TryFreeMemory).
 func (c *Cache) RecycleSequence(id int64) error {
 	e := c.lookup(id)
 	if e == nil {
@@ -374,24 +388,26 @@ func (c *Cache) RecycleSequence(id int64) error {
 	if e.state != Active {
 		return fmt.Errorf("prefix: recycle %d: %w", id, ErrNotActive)
 	}
+	c.commit()
 	if c.maxRec == 0 {
-		c.commit()
-		c.remove(e)
-		c.evict(id)
+		c.drop(e)
+		c.evict(Eviction{Seq: id}) // never kept, so never stamped
 	} else {
-		if c.maxRec > 0 && c.numRec >= c.maxRec {
+		if c.maxRec > 0 && c.rec.n >= c.maxRec {
 			c.tryFree()
 		}
-		c.setState(e, Recycling)
+		c.rec.add(e)
+		c.t.setState(e, Recycling)
 	}
 	c.done()
 	return nil
 }
 
-// TryFreeMemory commits pending extensions and evicts the least recently recycled sequence,
-// calling OnEvict. It reports false, and does nothing, when no sequence is recycling.
+// TryFreeMemory evicts one recycling sequence, the next in the configured order, and calls
+// OnEvict. It reports false, and does nothing, when no sequence is recycling. Like MLC's, it
+// does not commit pending extensions.
 func (c *Cache) TryFreeMemory() bool {
-	if c.numRec == 0 {
+	if c.rec.n == 0 {
 		return false
 	}
 	c.tryFree()
@@ -400,15 +416,18 @@ func (c *Cache) TryFreeMemory() bool {
 }
 
 func (c *Cache) tryFree() {
-	c.commit()
-	e := c.recHead
-	c.remove(e)
-	c.evict(e.id)
+	e := c.seqs[c.rec.victim()]
+	stamp := e.stamp
+	c.rec.drop(e)
+	c.drop(e)
+	c.evict(Eviction{Seq: e.id, Recycled: stamp})
 }
 
-func (c *Cache) evict(id int64) {
+// evict owes OnEvict the eviction ev, completed with the oldest recycling sequence left.
+func (c *Cache) evict(ev Eviction) {
+	ev.Oldest, ev.OldestRecycled = c.rec.oldest()
 	c.stats.Evictions++
-	c.evicted = append(c.evicted, id)
+	c.evicted = append(c.evicted, ev)
 }
 
 // RollBackSequence commits pending extensions and drops the last n tokens of sequence id
@@ -428,7 +447,9 @@ func (c *Cache) RollBackSequence(id int64, n int) error {
 		return fmt.Errorf("prefix: roll back %d by %d of %d tokens: %w", id, n, l, ErrBadLength)
 	}
 	c.commit()
-	c.rollBack(e, n)
+	if n > 0 {
+		c.t.rollBack(e, n)
+	}
 	c.done()
 	return nil
 }
@@ -441,9 +462,21 @@ func (c *Cache) RemoveSequence(id int64) error {
 		return fmt.Errorf("prefix: remove %d: %w", id, ErrUnknownSequence)
 	}
 	c.commit()
-	c.remove(e)
+	if e.state == Recycling {
+		c.rec.drop(e)
+	}
+	c.drop(e)
 	c.done()
 	return nil
+}
+
+// drop removes e from the tree and the cache; it is no longer recycling.
+func (c *Cache) drop(e *entry) {
+	if e.state == Recycling {
+		c.t.setState(e, Active)
+	}
+	c.t.remove(e)
+	delete(c.seqs, e.id)
 }
 
 // HasSequence reports whether the cache holds sequence id, active or recycling.
@@ -460,15 +493,18 @@ func (c *Cache) Sequence(id int64) (length int, st State, ok bool) {
 }
 
 // NumRecycling returns the number of recycling sequences.
-func (c *Cache) NumRecycling() int { return c.numRec }
+func (c *Cache) NumRecycling() int { return c.rec.n }
 
-// Recycling returns the recycling sequences, least recently recycled (next to evict) first.
+// Recycling returns the recycling sequences in the order the configured policy evicts them,
+// the next victim first: under EvictMLC the emulated map's iteration order, under EvictLRU
+// the least recently recycled first. (Under EvictMLC a later recycle may put its sequence
+// anywhere in that order; the list is the order of the evictions that would follow if no
+// other call came between them.)
 func (c *Cache) Recycling() []int64 {
-	out := make([]int64, 0, c.numRec)
-	for e := c.recHead; e != nil; e = e.next {
-		out = append(out, e.id)
+	if c.rec.n == 0 {
+		return []int64{}
 	}
-	return out
+	return c.rec.appendIDs(make([]int64, 0, c.rec.n))
 }
 
 // Match returns the longest common prefix m of tokens (all of them: unlike InsertSequence it
@@ -479,11 +515,13 @@ func (c *Cache) Match(tokens []int32) (m int, candidates []int64) {
 	if !c.radix {
 		return 0, nil
 	}
-	x, m := c.match(tokens)
+	stop, m, _ := c.t.match(lastOf(c.t.root), tokens)
 	if m == 0 {
 		return 0, nil
 	}
-	return m, appendIDs(make([]int64, 0, x.total), x)
+	ids := make([]int64, 0, stop.n.total)
+	candidatesOf(stop.n, func(s slot) bool { ids = append(ids, s.id); return true })
+	return m, ids
 }
 
 // Stats returns the counters.
@@ -496,61 +534,6 @@ func (c *Cache) lookup(id int64) *entry {
 	return c.seqs[id]
 }
 
-// add holds a new active sequence at n.
-func (c *Cache) add(id int64, w Window, n *node) {
-	e := &entry{id: id, state: Active, window: w}
-	c.seqs[id] = e
-	c.attach(e, n)
-}
-
-// remove drops e from the cache and the tree.
-func (c *Cache) remove(e *entry) {
-	if e.state == Recycling {
-		c.setState(e, Active)
-	}
-	n := e.node
-	c.detach(e)
-	delete(c.seqs, e.id)
-	c.prune(n)
-}
-
-// setState moves e between the states, keeping the recycling list and the subtree counts.
-func (c *Cache) setState(e *entry, st State) {
-	if e.state == st {
-		return
-	}
-	e.state = st
-	d := int32(1)
-	if st == Recycling {
-		e.prev, e.next = c.recTail, nil
-		if c.recTail != nil {
-			c.recTail.next = e
-		} else {
-			c.recHead = e
-		}
-		c.recTail = e
-		c.numRec++
-	} else {
-		d = -1
-		if e.prev != nil {
-			e.prev.next = e.next
-		} else {
-			c.recHead = e.next
-		}
-		if e.next != nil {
-			e.next.prev = e.prev
-		} else {
-			c.recTail = e.prev
-		}
-		e.prev, e.next = nil, nil
-		c.numRec--
-	}
-	for y := e.node; y != nil; y = y.parent {
-		y.rec += d
-	}
-	c.touch(e.node)
-}
-
 // done ends every public call that may have changed the cache: it checks the invariants when
 // they are switched on, then makes the OnEvict calls owed.
 func (c *Cache) done() {
@@ -561,8 +544,8 @@ func (c *Cache) done() {
 	ev := c.evicted
 	c.evicted = nil
 	if c.onEvict != nil {
-		for _, id := range ev {
-			c.onEvict(id)
+		for _, e := range ev {
+			c.onEvict(e)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -152,14 +153,14 @@ func TestInsertRules(t *testing.T) {
 			want: "reuse offset=20 parent=2 pop=1 matched=20 candidates=3",
 		},
 		{
-			name: "ties among the shortest: the first in candidate order",
+			name: "ties among the shortest: the first in candidate order, the newest page",
 			setup: func(t *testing.T, c *Cache) {
 				start(t, c, 1, cat(P, seqOf(500, 1)), NoWindow)
 				start(t, c, 2, cat(P, seqOf(600, 1)), NoWindow)
-				mustRecycle(t, c, 2, 1)
+				mustRecycle(t, c, 1, 2)
 			},
 			id: 4, toks: cat(P, seqOf(800, 1)), w: NoWindow,
-			want: "reuse offset=20 parent=1 pop=1 matched=20 candidates=2",
+			want: "reuse offset=20 parent=2 pop=1 matched=20 candidates=2",
 		},
 		{
 			name: "reuse needs m > 0.9 len, strictly: 10*9 > 9*10 fails",
@@ -180,7 +181,7 @@ func TestInsertRules(t *testing.T) {
 			want: "reuse offset=10 parent=1 pop=1 matched=10 candidates=1",
 		},
 		{
-			name: "the shortest fails the test: fork, although a longer one exists",
+			name: "the shortest fails the test: fork from the first candidate, although a longer one exists",
 			setup: func(t *testing.T, c *Cache) {
 				start(t, c, 1, cat(P, seqOf(500, 10)), NoWindow) // 30 recycling
 				start(t, c, 2, cat(P, seqOf(600, 20)), NoWindow) // 40 recycling
@@ -188,7 +189,7 @@ func TestInsertRules(t *testing.T) {
 				mustRecycle(t, c, 1, 2)
 			},
 			id: 4, toks: cat(P, seqOf(800, 1)), w: NoWindow,
-			want: "fork offset=20 parent=1 pop=0 matched=20 candidates=3",
+			want: "fork offset=20 parent=3 pop=0 matched=20 candidates=3",
 		},
 		{
 			name: "an active sequence is never reused",
@@ -296,27 +297,33 @@ func TestInsertRules(t *testing.T) {
 	}
 }
 
-// TestCandidateOrder pins the order of S: at the node X holding the m-th matched token, the
-// most recent arrival first; then below X, depth first, children in the order their branches
-// were created.
+// TestCandidateOrder pins the order of S as MLC's MatchPrefix gives it: in the page X where
+// the match stops, X's sequences newest first; then the sequences of X's children, newest
+// child first; then, from the oldest child to the newest, the same walk below each child.
 func TestCandidateOrder(t *testing.T) {
 	c := New(Config{MaxRecycling: -1})
-	start(t, c, 10, []int32{1, 2, 3, 4, 5}, NoWindow) // [1 2 3 4 5]
-	start(t, c, 11, []int32{1, 2, 3}, NoWindow)       // splits it at [1 2 3]
-	start(t, c, 12, []int32{1, 2, 3}, NoWindow)       // arrives at [1 2 3] after 11
-	start(t, c, 13, []int32{1, 2, 3, 7, 8}, NoWindow) // a branch made after 10's
-	start(t, c, 14, []int32{1, 2}, NoWindow)          // splits [1 2 3] at [1 2]
-	start(t, c, 15, []int32{1, 2, 3, 0, 1}, NoWindow) // the newest branch, although 0 < 4 < 7
+	start(t, c, 10, []int32{1, 2, 3, 4, 5}, NoWindow)       // [1 2 3 4 5]
+	start(t, c, 11, []int32{1, 2, 3}, NoWindow)             // splits it: [1 2 3] → [4 5]
+	start(t, c, 12, []int32{1, 2, 3}, NoWindow)             // newer than 11 at [1 2 3]
+	start(t, c, 13, []int32{1, 2, 3, 7, 8}, NoWindow)       // a newer child [7 8]
+	start(t, c, 14, []int32{1, 2}, NoWindow)                // splits [1 2 3] at [1 2]
+	start(t, c, 15, []int32{1, 2, 3, 0, 1}, NoWindow)       // the newest child [0 1]
+	start(t, c, 16, []int32{1, 2, 3, 0, 1, 5, 5}, NoWindow) // below [0 1]
+	start(t, c, 17, []int32{1, 2, 3, 7, 8, 9, 9}, NoWindow) // below [7 8]
+	// [1 2]{14} → [3]{12 11} → [0 1]{15} → [5 5]{16}
+	//                        → [7 8]{13} → [9 9]{17}
+	//                        → [4 5]{10}
 	for _, tc := range []struct {
 		q     []int32
 		m     int
 		cands []int64
 	}{
-		{[]int32{1, 2, 3, 6}, 3, []int64{12, 11, 10, 13, 15}},
-		{[]int32{1, 2, 6}, 2, []int64{14, 12, 11, 10, 13, 15}},
-		{[]int32{1, 2, 3, 4, 6}, 4, []int64{10}}, // stops inside c's node
-		{[]int32{1, 6}, 1, []int64{14, 12, 11, 10, 13, 15}},
-		{[]int32{1, 2, 3, 4, 5, 6}, 5, []int64{10}},
+		{[]int32{1, 2, 3, 6}, 3, []int64{12, 11, 15, 13, 10, 17, 16}},
+		{[]int32{1, 2, 6}, 2, []int64{14, 12, 11, 15, 13, 10, 17, 16}},
+		{[]int32{1, 6}, 1, []int64{14, 12, 11, 15, 13, 10, 17, 16}},
+		{[]int32{1, 2, 3, 4, 6}, 4, []int64{10}}, // stops inside [4 5]
+		{[]int32{1, 2, 3, 0, 1, 5}, 6, []int64{16}},
+		{[]int32{1, 2, 3, 0, 6}, 4, []int64{15, 16}},
 		{[]int32{2}, 0, nil},
 	} {
 		m, cands := c.Match(tc.q)
@@ -324,96 +331,205 @@ func TestCandidateOrder(t *testing.T) {
 			t.Errorf("Match(%v) = %d, %v, want %d, %v\n%s", tc.q, m, cands, tc.m, tc.cands, c.Describe())
 		}
 	}
-	// A roll-back is an arrival: c moves up to [1 2 3] and comes first there.
+	// A roll-back pushes the sequence to the front of its new page: 10 leaves [4 5], which
+	// goes, and comes first at [3].
 	if err := c.RollBackSequence(10, 2); err != nil {
 		t.Fatal(err)
 	}
-	if m, cands := c.Match([]int32{1, 2, 3, 6}); m != 3 || !slices.Equal(cands, []int64{10, 12, 11, 13, 15}) {
-		t.Errorf("after RollBackSequence(10, 2): Match([1 2 3 6]) = %d, %v, want 3, [10 12 11 13 15]", m, cands)
+	if m, cands := c.Match([]int32{1, 2, 3, 6}); m != 3 || !slices.Equal(cands, []int64{10, 12, 11, 15, 13, 17, 16}) {
+		t.Errorf("after RollBackSequence(10, 2): Match([1 2 3 6]) = %d, %v, want 3, [10 12 11 15 13 17 16]\n%s", m, cands, c.Describe())
+	}
+	// So does an extension, even an empty one.
+	c.ExtendSequence(12, nil)
+	c.CommitSequenceExtension()
+	if m, cands := c.Match([]int32{1, 2, 3, 6}); m != 3 || !slices.Equal(cands, []int64{12, 10, 11, 15, 13, 17, 16}) {
+		t.Errorf("after an empty ExtendSequence(12): Match([1 2 3 6]) = %d, %v, want 3, [12 10 11 15 13 17 16]", m, cands)
 	}
 	// The fork candidate is the first in that order.
 	res, err := c.InsertSequence(20, []int32{1, 2, 3, 6, 6}, NoWindow)
-	if err != nil || res.Kind != Fork || res.Parent != 10 || res.Candidates != 5 {
-		t.Errorf("InsertSequence(20, [1 2 3 6 6]) = %s, %v, want fork from 10 of 5", brief(res), err)
+	if err != nil || res.Kind != Fork || res.Parent != 12 || res.Candidates != 7 {
+		t.Errorf("InsertSequence(20, [1 2 3 6 6]) = %s, %v, want fork from 12 of 7", brief(res), err)
+	}
+	mustCheck(t, c)
+}
+
+// TestRadixPages follows MLC's page layout (Describe gives a node's pages after its span):
+// pages of at most 64 tokens, a long sequence a chain of them; a split followed by the merges
+// that fit; a sequence-less page with one child kept apart when the two do not fit in one
+// page; a sequence-less leaf page extended in place.
+func TestRadixPages(t *testing.T) {
+	c := New(Config{MaxRecycling: -1})
+	start(t, c, 1, seqOf(1, 150), NoWindow)
+	want := "" +
+		"#0 +0 =0 [] hits=1\n" +
+		"  #1 +150/64,64,22 =150 [1:active] hits=0\n"
+	if got := c.Describe(); got != want {
+		t.Fatalf("one sequence of 150 tokens: Describe() =\n%s\nwant\n%s", got, want)
+	}
+	// The fork at 100 splits the second page after 36 tokens; its lower part (28 tokens, no
+	// sequence, one child) merges with the third (22): 50 tokens. The first two (64 and 36)
+	// do not fit in one page.
+	start(t, c, 2, cat(seqOf(1, 100), []int32{999}), NoWindow)
+	want = "" +
+		"#0 +0 =0 [] hits=2\n" +
+		"  #1 +100/64,36 =100 [] hits=1\n" +
+		"    #3 +1 =101 [2:active] hits=0\n" +
+		"    #2 +50 =150 [1:active] hits=0\n"
+	if got := c.Describe(); got != want {
+		t.Fatalf("after forking at 100: Describe() =\n%s\nwant\n%s", got, want)
+	}
+	// 2 goes: the page of 36 is left with no sequence and one child, but 36 + 50 > 64: the
+	// pages stay apart (in one node again).
+	if err := c.RemoveSequence(2); err != nil {
+		t.Fatal(err)
+	}
+	want = "" +
+		"#0 +0 =0 [] hits=2\n" +
+		"  #1 +150/64,36,50 =150 [1:active] hits=1\n"
+	if got := c.Describe(); got != want {
+		t.Fatalf("after removing 2: Describe() =\n%s\nwant\n%s", got, want)
+	}
+	// 1 grows by 20: its last page, a leaf with no sequence once 1 leaves it, fills up to 64
+	// in place; the other 6 tokens take a new page.
+	c.ExtendSequence(1, seqOf(151, 20))
+	c.CommitSequenceExtension()
+	want = "" +
+		"#0 +0 =0 [] hits=2\n" +
+		"  #1 +170/64,36,64,6 =170 [1:active] hits=1\n"
+	if got := c.Describe(); got != want {
+		t.Fatalf("after extending 1: Describe() =\n%s\nwant\n%s", got, want)
+	}
+	if m, cands := c.Match(seqOf(1, 170)); m != 170 || !slices.Equal(cands, []int64{1}) {
+		t.Errorf("Match(1…170) = %d, %v, want 170, [1]", m, cands)
+	}
+	mustCheck(t, c)
+}
+
+// A child node of several pages lists its sequences after those of its one-page siblings:
+// MatchPrefix meets them only when it walks below the child's first page.
+func TestCandidateOrderOverPages(t *testing.T) {
+	c := New(Config{MaxRecycling: -1})
+	P := seqOf(1, 10)
+	start(t, c, 1, cat(P, seqOf(100, 70)), NoWindow) // below P: 70 tokens, two pages
+	start(t, c, 2, cat(P, seqOf(200, 5)), NoWindow)  // below P: one page, newer
+	start(t, c, 3, cat(P, seqOf(300, 80)), NoWindow) // below P: two pages, the newest
+	if m, cands := c.Match(cat(P, []int32{7})); m != 10 || !slices.Equal(cands, []int64{2, 1, 3}) {
+		t.Errorf("Match(P+[7]) = %d, %v, want 10, [2 1 3]\n%s", m, cands, c.Describe())
 	}
 	mustCheck(t, c)
 }
 
 func TestRecycleCap(t *testing.T) {
 	for _, tc := range []struct {
+		order     EvictOrder
 		max       int
 		recycle   []int64
 		recycling []int64
 		evicted   []int64
 	}{
-		{max: 0, recycle: []int64{1, 2, 3}, recycling: []int64{}, evicted: []int64{1, 2, 3}},
-		{max: 1, recycle: []int64{1, 2, 3}, recycling: []int64{3}, evicted: []int64{1, 2}},
-		{max: 2, recycle: []int64{3, 1, 2}, recycling: []int64{1, 2}, evicted: []int64{3}},
-		{max: -1, recycle: []int64{3, 1, 2}, recycling: []int64{3, 1, 2}, evicted: nil},
+		{EvictMLC, 0, []int64{1, 2, 3}, []int64{}, []int64{1, 2, 3}},
+		{EvictMLC, 1, []int64{1, 2, 3}, []int64{3}, []int64{1, 2}},
+		// Stamps 1 (3), 2 (1): the map's front is stamp 2, so 1 goes, not 3.
+		{EvictMLC, 2, []int64{3, 1, 2}, []int64{2, 3}, []int64{1}},
+		{EvictMLC, -1, []int64{3, 1, 2}, []int64{2, 1, 3}, nil},
+		{EvictLRU, 0, []int64{1, 2, 3}, []int64{}, []int64{1, 2, 3}},
+		{EvictLRU, 1, []int64{1, 2, 3}, []int64{3}, []int64{1, 2}},
+		{EvictLRU, 2, []int64{3, 1, 2}, []int64{1, 2}, []int64{3}},
+		{EvictLRU, -1, []int64{3, 1, 2}, []int64{3, 1, 2}, nil},
 	} {
 		var evicted []int64
-		c := New(Config{MaxRecycling: tc.max, OnEvict: func(id int64) { evicted = append(evicted, id) }})
+		c := New(Config{MaxRecycling: tc.max, Evict: tc.order, OnEvict: func(ev Eviction) { evicted = append(evicted, ev.Seq) }})
 		for id := int64(1); id <= 3; id++ {
 			start(t, c, id, seqOf(int32(100*id), 10), NoWindow)
 		}
 		mustRecycle(t, c, tc.recycle...)
 		if got := c.Recycling(); !slices.Equal(got, tc.recycling) || c.NumRecycling() != len(tc.recycling) {
-			t.Errorf("MaxRecycling %d: Recycling() = %v, want %v", tc.max, got, tc.recycling)
+			t.Errorf("%v, MaxRecycling %d: Recycling() = %v, want %v", tc.order, tc.max, got, tc.recycling)
 		}
 		if !slices.Equal(evicted, tc.evicted) {
-			t.Errorf("MaxRecycling %d: OnEvict calls = %v, want %v", tc.max, evicted, tc.evicted)
+			t.Errorf("%v, MaxRecycling %d: OnEvict calls = %v, want %v", tc.order, tc.max, evicted, tc.evicted)
 		}
 		for _, id := range tc.evicted {
 			if c.HasSequence(id) {
-				t.Errorf("MaxRecycling %d: HasSequence(%d) = true after eviction, want false", tc.max, id)
+				t.Errorf("%v, MaxRecycling %d: HasSequence(%d) = true after eviction, want false", tc.order, tc.max, id)
 			}
 		}
 		if got := c.Stats().Evictions; got != uint64(len(tc.evicted)) {
-			t.Errorf("MaxRecycling %d: Stats().Evictions = %d, want %d", tc.max, got, len(tc.evicted))
+			t.Errorf("%v, MaxRecycling %d: Stats().Evictions = %d, want %d", tc.order, tc.max, got, len(tc.evicted))
 		}
 		mustCheck(t, c)
 	}
 }
 
-// TestEvictionOrder: TryFreeMemory evicts the least recently recycled sequence; a sequence
-// taken over and recycled again is the most recent.
+// TestEvictionOrder: every recycle stamps the sequence with the next counter value; a
+// sequence taken over loses its stamp and gets a new one when recycled again. EvictMLC
+// evicts in the order of libstdc++'s map of the stamps (below 13 entries: the most recently
+// recycled first), EvictLRU the least recently recycled first, and Recycling lists the
+// sequences in that order. Each eviction says what it passed over.
 func TestEvictionOrder(t *testing.T) {
-	var evicted []int64
-	c := New(Config{MaxRecycling: -1, OnEvict: func(id int64) { evicted = append(evicted, id) }})
-	P := seqOf(1, 30)
-	for id := int64(1); id <= 4; id++ {
-		start(t, c, id, cat(P, seqOf(int32(100*id), 2)), NoWindow)
-	}
-	mustRecycle(t, c, 2, 4, 1, 3)
-	// 2 is the only candidate: it is taken over and recycled again, the most recent.
-	res, adopted := start(t, c, 5, cat(P, seqOf(200, 2), []int32{7}), NoWindow)
-	if res.Kind != Reuse || adopted != 2 {
-		t.Fatalf("InsertSequence(5, P+[200 201 7]) = %s, want reuse of 2", brief(res))
-	}
-	mustRecycle(t, c, 2)
-	if got, want := c.Recycling(), []int64{4, 1, 3, 2}; !slices.Equal(got, want) {
-		t.Fatalf("Recycling() = %v, want %v", got, want)
-	}
-	for range 4 {
-		if !c.TryFreeMemory() {
-			t.Fatalf("TryFreeMemory() = false, want true")
+	for _, tc := range []struct {
+		order EvictOrder
+		want  []Eviction
+	}{
+		{EvictMLC, []Eviction{
+			{Seq: 2, Recycled: 5, Oldest: 4, OldestRecycled: 2},
+			{Seq: 3, Recycled: 4, Oldest: 4, OldestRecycled: 2},
+			{Seq: 1, Recycled: 3, Oldest: 4, OldestRecycled: 2},
+			{Seq: 4, Recycled: 2, Oldest: -1},
+		}},
+		{EvictLRU, []Eviction{
+			{Seq: 4, Recycled: 2, Oldest: 1, OldestRecycled: 3},
+			{Seq: 1, Recycled: 3, Oldest: 3, OldestRecycled: 4},
+			{Seq: 3, Recycled: 4, Oldest: 2, OldestRecycled: 5},
+			{Seq: 2, Recycled: 5, Oldest: -1},
+		}},
+	} {
+		var evicted []Eviction
+		c := New(Config{MaxRecycling: -1, Evict: tc.order, OnEvict: func(ev Eviction) { evicted = append(evicted, ev) }})
+		P := seqOf(1, 30)
+		for id := int64(1); id <= 4; id++ {
+			start(t, c, id, cat(P, seqOf(int32(100*id), 2)), NoWindow)
 		}
+		mustRecycle(t, c, 2, 4, 1, 3) // stamps 1, 2, 3, 4
+		// 2 is the only candidate: it is taken over and recycled again, stamp 5.
+		res, adopted := start(t, c, 5, cat(P, seqOf(200, 2), []int32{7}), NoWindow)
+		if res.Kind != Reuse || adopted != 2 {
+			t.Fatalf("%v: InsertSequence(5, P+[200 201 7]) = %s, want reuse of 2", tc.order, brief(res))
+		}
+		mustRecycle(t, c, 2)
+		var order []int64
+		for _, ev := range tc.want {
+			order = append(order, ev.Seq)
+		}
+		if got := c.Recycling(); !slices.Equal(got, order) {
+			t.Fatalf("%v: Recycling() = %v, want %v", tc.order, got, order)
+		}
+		for range 4 {
+			if !c.TryFreeMemory() {
+				t.Fatalf("%v: TryFreeMemory() = false, want true", tc.order)
+			}
+		}
+		if c.TryFreeMemory() {
+			t.Errorf("%v: TryFreeMemory() on nothing recycling = true, want false", tc.order)
+		}
+		if !slices.Equal(evicted, tc.want) {
+			t.Errorf("%v: OnEvict calls = %+v, want %+v", tc.order, evicted, tc.want)
+		}
+		for i, ev := range evicted {
+			if want := ev.Oldest >= 0 && ev.OldestRecycled < ev.Recycled; ev.OlderKept() != want {
+				t.Errorf("%v: eviction %d (%v): OlderKept() = %v, want %v", tc.order, i, ev, ev.OlderKept(), want)
+			}
+		}
+		if got := len(c.Nodes()); got != 1 {
+			t.Errorf("%v: len(Nodes()) = %d after evicting everything, want 1 (the root)\n%s", tc.order, got, c.Describe())
+		}
+		mustCheck(t, c)
 	}
-	if c.TryFreeMemory() {
-		t.Errorf("TryFreeMemory() on nothing recycling = true, want false")
-	}
-	if want := []int64{4, 1, 3, 2}; !slices.Equal(evicted, want) {
-		t.Errorf("OnEvict calls = %v, want %v", evicted, want)
-	}
-	if got := len(c.Nodes()); got != 1 {
-		t.Errorf("len(Nodes()) = %d after evicting everything, want 1 (the root)\n%s", got, c.Describe())
-	}
-	mustCheck(t, c)
 }
 
 func TestDisabled(t *testing.T) {
 	evictions := 0
-	c := New(Config{Mode: Disabled, MaxRecycling: -1, OnEvict: func(int64) { evictions++ }})
+	c := New(Config{Mode: Disabled, MaxRecycling: -1, OnEvict: func(Eviction) { evictions++ }})
 	for i := range 2 {
 		res, err := c.InsertSequence(1, seqOf(1, 10), NoWindow)
 		if err != nil || brief(res) != "new offset=0 parent=-1 pop=0 matched=0 candidates=0" {
@@ -436,6 +552,9 @@ func TestDisabled(t *testing.T) {
 	}
 	if c.TryFreeMemory() {
 		t.Errorf("TryFreeMemory() = true, want false")
+	}
+	if got := c.Recycling(); len(got) != 0 || c.NumRecycling() != 0 {
+		t.Errorf("Recycling() = %v, NumRecycling() = %d, want none", got, c.NumRecycling())
 	}
 	if m, cands := c.Match(seqOf(1, 10)); m != 0 || cands != nil {
 		t.Errorf("Match(…) = %d, %v, want 0, nil", m, cands)
@@ -534,54 +653,56 @@ func TestExtendIsLazy(t *testing.T) {
 	mustCheck(t, c)
 }
 
-// TestTreeShape follows the tree through splits, roll-backs and merges.
+// TestTreeShape follows the pages through splits, roll-backs and merges.
 func TestTreeShape(t *testing.T) {
 	c := New(Config{MaxRecycling: -1})
 	start(t, c, 1, []int32{1, 2, 3, 4, 5, 6}, NoWindow)
 	start(t, c, 2, []int32{1, 2, 3, 7, 8}, NoWindow)
+	// The fork splits #1 at 3: #1 keeps [1 2 3], #2 takes [4 5 6] and 1; 2's tokens go to
+	// a new child, the newest, listed first.
 	want := "" +
 		"#0 +0 =0 [] hits=2\n" +
-		"  #2 +3 =3 [] hits=1\n" +
-		"    #1 +3 =6 [1:active] hits=0\n" +
-		"    #3 +2 =5 [2:active] hits=0\n"
+		"  #1 +3 =3 [] hits=1\n" +
+		"    #3 +2 =5 [2:active] hits=0\n" +
+		"    #2 +3 =6 [1:active] hits=0\n"
 	if got := c.Describe(); got != want {
 		t.Fatalf("Describe() =\n%s\nwant\n%s", got, want)
 	}
-	// 1 moves up to [1 2]: #2 splits into #4 [1 2] and #2 [3]; #1 is left empty and goes;
-	// #2 holds nothing and has one child left, so it merges into #3.
+	// 1 moves up to [1 2]: #2 is left empty and goes; #1 splits into #1 [1 2] and #4 [3],
+	// which holds nothing and has one child, so it absorbs #3.
 	if err := c.RollBackSequence(1, 4); err != nil {
 		t.Fatal(err)
 	}
 	want = "" +
 		"#0 +0 =0 [] hits=2\n" +
-		"  #4 +2 =2 [1:active] hits=1\n" +
-		"    #3 +3 =5 [2:active] hits=1\n"
+		"  #1 +2 =2 [1:active] hits=1\n" +
+		"    #4 +3 =5 [2:active] hits=1\n"
 	if got := c.Describe(); got != want {
 		t.Fatalf("after RollBackSequence(1, 4): Describe() =\n%s\nwant\n%s", got, want)
 	}
-	// 1 follows 2's path and stops inside it: #3 splits into #5 [3 7] and #3 [8]; #4 is left
-	// with nothing and one child, so it merges into #5.
+	// 1 follows 2's path and stops inside it: #4 splits into #4 [3 7] and #5 [8]; #1, left
+	// with nothing and one child, absorbs #4.
 	c.ExtendSequence(1, []int32{3, 7})
 	c.CommitSequenceExtension()
 	want = "" +
 		"#0 +0 =0 [] hits=2\n" +
-		"  #5 +4 =4 [1:active] hits=1\n" +
-		"    #3 +1 =5 [2:active] hits=1\n"
+		"  #1 +4 =4 [1:active] hits=1\n" +
+		"    #5 +1 =5 [2:active] hits=1\n"
 	if got := c.Describe(); got != want {
 		t.Fatalf("after extending 1 by [3 7]: Describe() =\n%s\nwant\n%s", got, want)
 	}
 	up, rm := c.TakeChanges()
-	if !slices.Equal(nodeIDs(up), []NodeID{0, 3, 5}) || !slices.Equal(rm, nil) {
-		t.Errorf("TakeChanges() = %v, %v, want [0 3 5], [] (1, 2 and 4 came and went)", nodeIDs(up), rm)
+	if !slices.Equal(nodeIDs(up), []NodeID{0, 1, 5}) || !slices.Equal(rm, nil) {
+		t.Errorf("TakeChanges() = %v, %v, want [0 1 5], [] (2, 3 and 4 came and went)", nodeIDs(up), rm)
 	}
 	if err := c.RemoveSequence(1); err != nil {
 		t.Fatal(err)
 	}
 	up, rm = c.TakeChanges()
-	if !slices.Equal(nodeIDs(up), []NodeID{3}) || !slices.Equal(rm, []NodeID{5}) {
-		t.Errorf("after RemoveSequence(1): TakeChanges() = %v, %v, want [3], [5]", nodeIDs(up), rm)
+	if !slices.Equal(nodeIDs(up), []NodeID{1}) || !slices.Equal(rm, []NodeID{5}) {
+		t.Errorf("after RemoveSequence(1): TakeChanges() = %v, %v, want [1], [5]", nodeIDs(up), rm)
 	}
-	if got, want := c.Nodes()[1], (Node{ID: 3, Parent: 0, Order: 1, Depth: 5, Span: 5, Seqs: []SeqRef{{2, Active}}, Hits: 1}); fmt.Sprint(got) != fmt.Sprint(want) {
+	if got, want := c.Nodes()[1], (Node{ID: 1, Parent: 0, Order: order(1), Depth: 5, Span: 5, Seqs: []SeqRef{{2, Active}}, Hits: 1}); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("Nodes()[1] = %+v, want %+v", got, want)
 	}
 	mustCheck(t, c)
@@ -590,19 +711,19 @@ func TestTreeShape(t *testing.T) {
 func TestResultPathAndHits(t *testing.T) {
 	c := New(Config{MaxRecycling: -1})
 	start(t, c, 1, []int32{1, 2, 3, 4, 5, 6}, NoWindow)
-	res, _ := start(t, c, 2, []int32{1, 2, 3, 9, 9}, NoWindow) // splits #1 at 3: #2
-	if !slices.Equal(res.Path, []NodeID{2}) {
-		t.Errorf("InsertSequence(2, [1 2 3 9 9]).Path = %v, want [2]", res.Path)
+	res, _ := start(t, c, 2, []int32{1, 2, 3, 9, 9}, NoWindow) // splits #1 at 3: #1 [1 2 3], #2 [4 5 6]
+	if !slices.Equal(res.Path, []NodeID{1}) {
+		t.Errorf("InsertSequence(2, [1 2 3 9 9]).Path = %v, want [1]", res.Path)
 	}
-	res, _ = start(t, c, 3, []int32{1, 2, 3, 4, 5, 7}, NoWindow) // splits #1 at 5: #4
-	if !slices.Equal(res.Path, []NodeID{2, 4}) {
-		t.Errorf("InsertSequence(3, [1 2 3 4 5 7]).Path = %v, want [2 4]", res.Path)
+	res, _ = start(t, c, 3, []int32{1, 2, 3, 4, 5, 7}, NoWindow) // splits #2 at 5: #2 [4 5], #4 [6]
+	if !slices.Equal(res.Path, []NodeID{1, 2}) {
+		t.Errorf("InsertSequence(3, [1 2 3 4 5 7]).Path = %v, want [1 2]", res.Path)
 	}
 	hits := map[NodeID]uint64{}
 	for _, n := range c.Nodes() {
 		hits[n.ID] = n.Hits
 	}
-	if want := map[NodeID]uint64{0: 3, 1: 0, 2: 2, 3: 0, 4: 1, 5: 0}; fmt.Sprint(hits) != fmt.Sprint(want) {
+	if want := map[NodeID]uint64{0: 3, 1: 2, 2: 1, 3: 0, 4: 0, 5: 0}; fmt.Sprint(hits) != fmt.Sprint(want) {
 		t.Errorf("hits = %v, want %v\n%s", hits, want, c.Describe())
 	}
 	st := c.Stats()
@@ -629,8 +750,8 @@ func TestNodeIDsNotReused(t *testing.T) {
 			t.Errorf("node %d both upserted and removed", n.ID)
 		}
 	}
-	if int(c.nextID) < len(seen) {
-		t.Errorf("nextID = %d, but %d ids seen", c.nextID, len(seen))
+	if int(c.t.nextID) < len(seen) {
+		t.Errorf("nextID = %d, but %d ids seen", c.t.nextID, len(seen))
 	}
 }
 
@@ -670,7 +791,7 @@ func TestReuseChoiceMatchesNaiveScan(t *testing.T) {
 			wantKind, wantParent := Fork, int64(-1)
 			if m == 0 {
 				wantKind = Fresh
-			} else if best >= 0 && 10*m > 9*bestLen {
+			} else if best >= 0 && float64(m) > 0.9*float64(bestLen) {
 				wantKind, wantParent = Reuse, best
 			} else {
 				wantParent = cands[0]
@@ -716,6 +837,9 @@ func TestStrings(t *testing.T) {
 		{Fresh.String(), "new"}, {Fork.String(), "fork"}, {Reuse.String(), "reuse"},
 		{Radix.String(), "radix"}, {Disabled.String(), "disabled"},
 		{State(9).String(), "State(9)"}, {Kind(9).String(), "Kind(9)"}, {Mode(9).String(), "Mode(9)"},
+		{EvictMLC.String(), "mlc"}, {EvictLRU.String(), "lru"}, {EvictOrder(9).String(), "EvictOrder(9)"},
+		{Eviction{Seq: 5, Recycled: 3, Oldest: 2, OldestRecycled: 1}.String(), "evicted 5 (recycled #3), 2 recycled earlier (#1) stays"},
+		{Eviction{Seq: 2, Recycled: 1, Oldest: 5, OldestRecycled: 3}.String(), "evicted 2 (recycled #1)"},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("String() = %q, want %q", tc.got, tc.want)
@@ -728,8 +852,8 @@ func TestStrings(t *testing.T) {
 func TestOnEvictSeesAConsistentCache(t *testing.T) {
 	var c *Cache
 	var calls []string
-	c = New(Config{MaxRecycling: 1, OnEvict: func(id int64) {
-		calls = append(calls, fmt.Sprintf("%d held=%v check=%v recycling=%v", id, c.HasSequence(id), c.Check(), c.Recycling()))
+	c = New(Config{MaxRecycling: 1, OnEvict: func(ev Eviction) {
+		calls = append(calls, fmt.Sprintf("%d held=%v check=%v recycling=%v", ev.Seq, c.HasSequence(ev.Seq), c.Check(), c.Recycling()))
 	}})
 	start(t, c, 1, seqOf(10, 5), NoWindow)
 	start(t, c, 2, seqOf(20, 5), NoWindow)
@@ -757,11 +881,71 @@ func TestNodeJSONRoundTrip(t *testing.T) {
 	if err := json.Unmarshal(b, &out); err != nil || fmt.Sprint(out) != fmt.Sprint(in) {
 		t.Errorf("json.Unmarshal(%s) = %+v, %v, want %+v", b, out, err, in)
 	}
+	for _, o := range []EvictOrder{EvictMLC, EvictLRU} {
+		var got EvictOrder
+		if text, _ := o.MarshalText(); got.UnmarshalText(text) != nil || got != o {
+			t.Errorf("EvictOrder %v does not round-trip through its text: %v", o, got)
+		}
+	}
+	var o EvictOrder
+	if err := o.UnmarshalText([]byte("fifo")); err == nil {
+		t.Errorf("EvictOrder.UnmarshalText(fifo) = nil error, want an error")
+	}
 	var k Kind
 	if err := k.UnmarshalText([]byte("fork")); err != nil || k != Fork {
 		t.Errorf("Kind.UnmarshalText(fork) = %v, %v, want fork", k, err)
 	}
 	if err := k.UnmarshalText([]byte("spoon")); err == nil {
 		t.Errorf("Kind.UnmarshalText(spoon) = nil error, want an error")
+	}
+}
+
+// A node with many children indexes them by first token; the index follows insertions,
+// removals, cuts and joins, and finds what a scan of MLC's child list finds.
+func TestManyChildren(t *testing.T) {
+	c := New(Config{MaxRecycling: -1})
+	P := seqOf(1, 70) // two pages: the children hang below the second
+	alive := map[int64]bool{}
+	for i := range int64(40) {
+		start(t, c, i, cat(P, []int32{int32(1000 + i), 5, 5}), NoWindow)
+		alive[i] = true
+	}
+	mustCheck(t, c)
+	for i := int64(0); i < 40; i += 3 {
+		if err := c.RemoveSequence(i); err != nil {
+			t.Fatal(err)
+		}
+		delete(alive, i)
+	}
+	mustCheck(t, c)
+	// A fork inside P cuts the node holding the children: they move below the cut.
+	start(t, c, 100, cat(seqOf(1, 30), []int32{7}), NoWindow)
+	mustCheck(t, c)
+	for i := range int64(40) {
+		if alive[i] {
+			if m, cands := c.Match(cat(P, []int32{int32(1000 + i), 5})); m != 72 || !slices.Equal(cands, []int64{i}) {
+				t.Errorf("Match(P+[%d 5]) = %d, %v, want 72, [%d]", 1000+i, m, cands, i)
+			}
+			continue
+		}
+		m, cands := c.Match(cat(P, []int32{int32(1000 + i)}))
+		if got := slices.Sorted(slices.Values(cands)); m != 70 || !slices.Equal(got, slices.Sorted(maps.Keys(alive))) {
+			t.Errorf("Match(P+[%d]) = %d, %v, want 70 and the %d sequences below P", 1000+i, m, cands, len(alive))
+		}
+	}
+	// Removing all but one child leaves a node with no sequence and one child: it joins it.
+	for i := range alive {
+		if i != 38 {
+			if err := c.RemoveSequence(i); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	mustCheck(t, c)
+	if m, cands := c.Match(cat(P, []int32{1038, 5, 5})); m != 73 || !slices.Equal(cands, []int64{38}) {
+		t.Errorf("Match(P+[1038 5 5]) = %d, %v, want 73, [38]\n%s", m, cands, c.Describe())
+	}
+	if got := len(c.Nodes()); got != 4 {
+		t.Errorf("len(Nodes()) = %d, want 4: the root, [1…30], [31…70 1038 5 5] and [7]\n%s", got, c.Describe())
 	}
 }

@@ -1,64 +1,69 @@
 package prefix
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
+
+	"github.com/kvtop/kvtop/engine/prefix/stdmap"
 )
 
-// refCache is a deliberately simple model of the Cache: every sequence is a plain token list,
-// the match is a brute-force scan, and the candidate order comes from a tree-free definition.
+// refCache is a deliberately simple model of the Cache: MLC's PrefixCache and PagedRadixTree
+// written out as plainly as possible, with none of the Cache's indexes, counts, pruning or
+// shared token slices. Pages keep their children and their sequences in plain slices,
+// newest first, and every walk is a scan. Each sequence also keeps its tokens as a plain
+// list: the model checks its own tree against them and against a brute-force match after
+// every operation, so that its layout cannot drift from the tokens it stands for.
 //
-// Candidate order without a tree: the tree's pre-order compares two sequences a and b by their
-// longest common prefix l. If both end there they sit in the same node and the later arrival
-// comes first; if one ends there it is the ancestor and comes first; else they branch at l and
-// the branch born first comes first. A branch (p, t) is the token string p+t; it is born when
-// some held sequence first has it as a prefix and dies when none has. Each sequence
-// remembers when it last changed length (its arrival at its node).
+// The eviction order is MLC's (the libstdc++ map that package stdmap emulates; its own tests
+// check it against the recorded orders) or the least recently recycled.
 type refCache struct {
 	radix   bool
 	maxRec  int
+	order   EvictOrder
+	cap     int
+	root    *refPage
 	seqs    map[int64]*refSeq
 	pending []extension
-	clock   int
-	births  map[string]int // branch -> birth
-	sharers map[string]int // branch -> held sequences that have it as a prefix
-	evicted []int64
+	counter uint64
+	mlc     stdmap.Map
+	evicted []Eviction
 	stats   Stats
 }
 
 type refSeq struct {
-	id       int64
-	toks     []int32
-	state    State
-	window   Window
-	arrive   int
-	recycled int
+	id     int64
+	toks   []int32
+	state  State
+	window Window
+	stamp  uint64
+	page   *refPage
 }
 
-func newRef(cfg Config) *refCache {
+// refPage is MLC's RadixPage.
+type refPage struct {
+	toks   []int32
+	parent *refPage
+	kids   []*refPage // newest first
+	seqs   []int64    // newest first
+}
+
+func newRef(cfg Config, capacity int) *refCache {
 	r := &refCache{
-		radix:   cfg.Mode == Radix,
-		maxRec:  cfg.MaxRecycling,
-		seqs:    map[int64]*refSeq{},
-		births:  map[string]int{},
-		sharers: map[string]int{},
+		radix:  cfg.Mode == Radix,
+		maxRec: cfg.MaxRecycling,
+		order:  cfg.Evict,
+		cap:    capacity,
+		root:   &refPage{},
+		seqs:   map[int64]*refSeq{},
 	}
 	if r.maxRec < 0 {
 		r.maxRec = -1
 	}
 	return r
-}
-
-func key(toks []int32) string {
-	b := make([]byte, 4*len(toks))
-	for i, t := range toks {
-		binary.LittleEndian.PutUint32(b[4*i:], uint32(t))
-	}
-	return string(b)
 }
 
 func refLCP(a, b []int32) int {
@@ -69,55 +74,244 @@ func refLCP(a, b []int32) int {
 	return n
 }
 
-func (r *refCache) tick() int {
-	r.clock++
-	return r.clock
+// The tree, as radix_tree.cc has it.
+
+func (r *refCache) length(p *refPage) int {
+	n := 0
+	for ; p != nil; p = p.parent {
+		n += len(p.toks)
+	}
+	return n
 }
 
-// share counts s's prefixes of lengths (from, to] as held (d = 1) or released (d = -1).
-func (r *refCache) share(toks []int32, from, to, d int) {
-	for i := from + 1; i <= to; i++ {
-		k := key(toks[:i])
-		r.sharers[k] += d
-		switch r.sharers[k] {
-		case 0:
-			delete(r.sharers, k)
-			delete(r.births, k)
-		case 1:
-			if d > 0 {
-				r.births[k] = r.clock
+func (r *refCache) mergeable(p *refPage) bool {
+	return p != r.root && len(p.seqs) == 0 && len(p.kids) == 1 && len(p.toks)+len(p.kids[0].toks) <= r.cap
+}
+
+func (r *refCache) findChild(p *refPage, tok int32) *refPage {
+	for _, c := range p.kids {
+		if c.toks[0] == tok {
+			return c
+		}
+	}
+	return nil
+}
+
+func (r *refCache) insertChild(p, c *refPage) {
+	c.parent = p
+	p.kids = slices.Insert(p.kids, 0, c)
+}
+
+func (r *refCache) removeChild(p, c *refPage) {
+	p.kids = slices.DeleteFunc(p.kids, func(x *refPage) bool { return x == c })
+}
+
+func (r *refCache) pushSeq(p *refPage, s *refSeq) {
+	p.seqs = slices.Insert(p.seqs, 0, s.id)
+	s.page = p
+}
+
+func (r *refCache) popSeq(s *refSeq) *refPage {
+	p := s.page
+	p.seqs = slices.DeleteFunc(p.seqs, func(id int64) bool { return id == s.id })
+	s.page = nil
+	return p
+}
+
+func (r *refCache) moveSeqs(from, to *refPage) {
+	to.seqs, from.seqs = from.seqs, nil
+	for _, id := range to.seqs {
+		r.seqs[id].page = to
+	}
+}
+
+func (r *refCache) merge(p *refPage) {
+	c := p.kids[0]
+	p.toks = append(slices.Clone(p.toks), c.toks...)
+	p.kids = c.kids
+	for _, k := range p.kids {
+		k.parent = p
+	}
+	r.moveSeqs(c, p)
+}
+
+func (r *refCache) split(p *refPage, k int) *refPage {
+	c := &refPage{toks: slices.Clone(p.toks[k:]), parent: p, kids: p.kids}
+	for _, x := range c.kids {
+		x.parent = c
+	}
+	p.kids = []*refPage{c}
+	p.toks = slices.Clone(p.toks[:k])
+	r.moveSeqs(p, c)
+	if r.mergeable(c) {
+		r.merge(c)
+	}
+	if p.parent != nil && r.mergeable(p.parent) {
+		p = p.parent
+		r.merge(p)
+	}
+	return p
+}
+
+// matchFrom is MLC's MatchSequence.
+func (r *refCache) matchFrom(p *refPage, q []int32) (*refPage, int, int) {
+	off := 0
+	for off < len(q) {
+		c := r.findChild(p, q[off])
+		if c == nil {
+			return p, off, len(p.toks)
+		}
+		l := refLCP(c.toks, q[off:])
+		off += l
+		if l < len(c.toks) {
+			return c, off, l
+		}
+		p = c
+	}
+	return p, len(q), len(p.toks)
+}
+
+// iterate is MLC's RadixPage::Iterate over the sibling list kids from i on.
+func iterate(kids []*refPage, i int, f func(*refPage)) {
+	if i >= len(kids) {
+		return
+	}
+	f(kids[i])
+	iterate(kids, i+1, f)
+	iterate(kids[i].kids, 0, f)
+}
+
+// matchPrefix is MLC's MatchPrefix: m and the sequences FindAllChildSequence lists.
+func (r *refCache) matchPrefix(q []int32) (int, []*refSeq) {
+	p, m, _ := r.matchFrom(r.root, q)
+	if m == 0 {
+		return 0, nil
+	}
+	var out []*refSeq
+	add := func(p *refPage) {
+		for _, id := range p.seqs {
+			out = append(out, r.seqs[id])
+		}
+	}
+	add(p)
+	iterate(p.kids, 0, add)
+	return m, out
+}
+
+func (r *refCache) treeAdd(s *refSeq) { r.pushSeq(r.root, s) }
+
+func (r *refCache) treeFork(s, parent *refSeq, off int) {
+	length := len(parent.toks)
+	for p := parent.page; p != nil; p = p.parent {
+		if off > length-len(p.toks) {
+			if off < length {
+				p = r.split(p, off+len(p.toks)-length)
 			}
+			r.pushSeq(p, s)
+			return
+		}
+		length -= len(p.toks)
+	}
+	panic("ref: fork beyond the root")
+}
+
+func (r *refCache) treeExtend(s *refSeq, toks []int32) {
+	orig := r.popSeq(s)
+	p, off, in := r.matchFrom(orig, toks)
+	if in < len(p.toks) {
+		p = r.split(p, in)
+	}
+	if off < len(toks) && len(p.seqs) == 0 && len(p.kids) == 0 && p != r.root && len(p.toks) < r.cap {
+		k := min(r.cap-len(p.toks), len(toks)-off)
+		p.toks = append(slices.Clone(p.toks), toks[off:off+k]...)
+		off += k
+	}
+	for off < len(toks) {
+		k := min(r.cap, len(toks)-off)
+		c := &refPage{toks: slices.Clone(toks[off : off+k])}
+		r.insertChild(p, c)
+		p = c
+		off += k
+	}
+	r.pushSeq(p, s)
+	if r.mergeable(orig) {
+		r.merge(orig)
+	}
+}
+
+func (r *refCache) treeRollBack(s *refSeq, n int) {
+	if n == r.length(s.page) {
+		r.treeRemove(s)
+		r.treeAdd(s)
+		return
+	}
+	p := r.popSeq(s)
+	for len(p.toks) <= n {
+		n -= len(p.toks)
+		parent := p.parent
+		if len(p.seqs) == 0 && len(p.kids) == 0 {
+			r.removeChild(parent, p)
+		}
+		p = parent
+	}
+	if len(p.seqs) == 0 && len(p.kids) == 0 {
+		p.toks = slices.Clone(p.toks[:len(p.toks)-n])
+		r.pushSeq(p, s)
+		return
+	}
+	if n > 0 {
+		p = r.split(p, len(p.toks)-n)
+	}
+	r.pushSeq(p, s)
+}
+
+func (r *refCache) treeRemove(s *refSeq) {
+	p := r.popSeq(s)
+	for p.parent != nil && len(p.seqs) == 0 && len(p.kids) == 0 {
+		r.removeChild(p.parent, p)
+		p = p.parent
+	}
+	if r.mergeable(p) {
+		r.merge(p)
+	}
+}
+
+// shape writes the tree as nested text: each page's tokens, its sequences newest first, then
+// its children newest first.
+func (r *refCache) shape() string {
+	var b strings.Builder
+	var visit func(p *refPage)
+	visit = func(p *refPage) {
+		fmt.Fprintf(&b, "(%v %v", p.toks, p.seqs)
+		for _, c := range p.kids {
+			visit(c)
+		}
+		b.WriteString(")")
+	}
+	visit(r.root)
+	return b.String()
+}
+
+// verify checks the model against itself: every sequence's page spells its tokens and
+// holds it, and pages are not empty leaves.
+func (r *refCache) verify() {
+	for _, id := range slices.Sorted(maps.Keys(r.seqs)) {
+		s := r.seqs[id]
+		var spans [][]int32
+		for p := s.page; p != nil; p = p.parent {
+			spans = append(spans, p.toks)
+		}
+		var got []int32
+		for i := len(spans) - 1; i >= 0; i-- {
+			got = append(got, spans[i]...)
+		}
+		if !slices.Equal(got, s.toks) || !slices.Contains(s.page.seqs, id) {
+			panic(fmt.Sprintf("ref: sequence %d spells %v, holds %v", id, got, s.toks))
 		}
 	}
 }
 
-func (r *refCache) addSeq(id int64, toks []int32, w Window) {
-	s := &refSeq{id: id, toks: slices.Clone(toks), window: w, arrive: r.tick()}
-	r.seqs[id] = s
-	r.share(s.toks, 0, len(s.toks), 1)
-}
-
-func (r *refCache) grow(s *refSeq, t []int32) {
-	s.arrive = r.tick()
-	old := len(s.toks)
-	s.toks = append(slices.Clone(s.toks), t...)
-	r.share(s.toks, old, len(s.toks), 1)
-}
-
-func (r *refCache) shrink(s *refSeq, l int) {
-	if l == len(s.toks) {
-		return
-	}
-	s.arrive = r.tick()
-	r.share(s.toks, l, len(s.toks), -1)
-	s.toks = slices.Clone(s.toks[:l])
-}
-
-func (r *refCache) removeSeq(s *refSeq) {
-	r.tick()
-	r.share(s.toks, 0, len(s.toks), -1)
-	delete(r.seqs, s.id)
-}
+// The policy, as prefix_cache.cc has it.
 
 func (r *refCache) held(id int64) *refSeq {
 	if !r.radix {
@@ -126,67 +320,30 @@ func (r *refCache) held(id int64) *refSeq {
 	return r.seqs[id]
 }
 
-func (r *refCache) numRec() int {
-	n := 0
-	for _, s := range r.seqs {
-		if s.state == Recycling {
-			n++
-		}
-	}
-	return n
-}
-
-func (r *refCache) recycling() []int64 {
+func (r *refCache) recyclingSeqs() []*refSeq {
 	var rs []*refSeq
 	for _, s := range r.seqs {
 		if s.state == Recycling {
 			rs = append(rs, s)
 		}
 	}
-	slices.SortFunc(rs, func(a, b *refSeq) int { return a.recycled - b.recycled })
-	out := make([]int64, len(rs))
-	for i, s := range rs {
-		out[i] = s.id
+	slices.SortFunc(rs, func(a, b *refSeq) int { return int(a.stamp) - int(b.stamp) })
+	return rs
+}
+
+// recycling lists the recycling sequences in eviction order.
+func (r *refCache) recycling() []int64 {
+	var out []int64
+	if r.order == EvictMLC {
+		for _, id := range r.mlc.All() {
+			out = append(out, id)
+		}
+		return out
+	}
+	for _, s := range r.recyclingSeqs() {
+		out = append(out, s.id)
 	}
 	return out
-}
-
-// order compares two candidates by the tree-free definition above.
-func (r *refCache) order(a, b *refSeq) int {
-	l := refLCP(a.toks, b.toks)
-	switch {
-	case l == len(a.toks) && l == len(b.toks):
-		return b.arrive - a.arrive
-	case l == len(a.toks):
-		return -1
-	case l == len(b.toks):
-		return 1
-	}
-	ba, ok1 := r.births[key(a.toks[:l+1])]
-	bb, ok2 := r.births[key(b.toks[:l+1])]
-	if !ok1 || !ok2 || ba == bb {
-		panic(fmt.Sprintf("ref: branches at %d without distinct births", l))
-	}
-	return ba - bb
-}
-
-// match returns m and S in candidate order, by brute force.
-func (r *refCache) match(q []int32) (int, []*refSeq) {
-	m := 0
-	for _, s := range r.seqs {
-		m = max(m, refLCP(s.toks, q))
-	}
-	if m == 0 {
-		return 0, nil
-	}
-	var S []*refSeq
-	for _, s := range r.seqs {
-		if refLCP(s.toks, q) >= m {
-			S = append(S, s)
-		}
-	}
-	slices.SortFunc(S, r.order)
-	return m, S
 }
 
 func (r *refCache) Match(q []int32) (int, []int64) {
@@ -204,13 +361,53 @@ func (r *refCache) Match(q []int32) (int, []int64) {
 	return m, ids
 }
 
+// match is matchPrefix, checked against a brute-force scan of the sequences' tokens.
+func (r *refCache) match(q []int32) (int, []*refSeq) {
+	m, S := r.matchPrefix(q)
+	bm := 0
+	for _, s := range r.seqs {
+		bm = max(bm, refLCP(s.toks, q))
+	}
+	var want []int64
+	for _, s := range r.seqs {
+		if bm > 0 && refLCP(s.toks, q) >= bm {
+			want = append(want, s.id)
+		}
+	}
+	var got []int64
+	for _, s := range S {
+		got = append(got, s.id)
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if m != bm || !slices.Equal(got, want) {
+		panic(fmt.Sprintf("ref: MatchPrefix(%v) = %d %v, brute force %d %v", q, m, got, bm, want))
+	}
+	return m, S
+}
+
 func (r *refCache) commit() {
 	for _, p := range r.pending {
 		if s := r.seqs[p.id]; s != nil {
-			r.grow(s, p.tokens)
+			r.treeExtend(s, p.tokens)
+			s.toks = append(slices.Clone(s.toks), p.tokens...)
 		}
 	}
 	r.pending = nil
+}
+
+func (r *refCache) addSeq(id int64, toks []int32, w Window) *refSeq {
+	s := &refSeq{id: id, toks: slices.Clone(toks), window: w}
+	r.seqs[id] = s
+	return s
+}
+
+func (r *refCache) reuse(s *refSeq) {
+	if r.order == EvictMLC {
+		r.mlc.Erase(s.stamp)
+	}
+	s.state, s.stamp = Active, 0
+	r.stats.Reuses++
 }
 
 func (r *refCache) InsertSequence(id int64, tokens []int32, w Window) (Result, error) {
@@ -236,71 +433,83 @@ func (r *refCache) InsertSequence(id int64, tokens []int32, w Window) (Result, e
 	r.stats.QueryTokens += uint64(len(tokens))
 	defer func() { r.stats.HitTokens += uint64(res.Offset) }()
 	if m == 0 {
-		r.addSeq(id, nil, w)
+		r.treeAdd(r.addSeq(id, nil, w))
 		return res, nil
 	}
-	if w.Size == -1 {
+	if w.Size != -1 {
+		for _, s := range S {
+			if s.state == Recycling && s.window == w && len(s.toks) == m {
+				res.Kind, res.Offset, res.Parent = Reuse, m, s.id
+				r.reuse(s)
+				return res, nil
+			}
+		}
+	} else {
 		var best *refSeq
 		for _, s := range S {
 			if s.state == Recycling && s.window == w && (best == nil || len(s.toks) < len(best.toks)) {
 				best = s
 			}
 		}
-		if best != nil && 10*m > 9*len(best.toks) {
+		if best != nil && float64(m) > float64(len(best.toks))*0.9 {
 			res.Kind, res.Offset, res.Parent, res.Pop = Reuse, m, best.id, len(best.toks)-m
-			r.stats.Reuses++
-			best.state = Active
-			r.shrink(best, m)
+			r.reuse(best)
+			if res.Pop > 0 {
+				r.treeRollBack(best, res.Pop)
+				best.toks = slices.Clone(best.toks[:m])
+			}
 			return res, nil
 		}
 		for _, s := range S {
 			if s.window.Size == -1 {
 				res.Kind, res.Offset, res.Parent = Fork, m, s.id
 				r.stats.Forks++
-				r.addSeq(id, q[:m], w)
-				return res, nil
-			}
-		}
-	} else {
-		for _, s := range S {
-			if s.state == Recycling && s.window == w && len(s.toks) == m {
-				res.Kind, res.Offset, res.Parent = Reuse, m, s.id
-				r.stats.Reuses++
-				s.state = Active
+				n := r.addSeq(id, q[:m], w)
+				r.treeFork(n, s, m)
 				return res, nil
 			}
 		}
 	}
-	r.addSeq(id, nil, w)
+	r.treeAdd(r.addSeq(id, nil, w))
 	return res, nil
 }
 
 func (r *refCache) ExtendSequence(id int64, t []int32) {
-	if r.radix && len(t) > 0 {
+	if r.radix {
 		r.pending = append(r.pending, extension{id, slices.Clone(t)})
 	}
 }
 
-func (r *refCache) evictLRU() {
-	r.commit()
-	var v *refSeq
-	for _, s := range r.seqs {
-		if s.state == Recycling && (v == nil || s.recycled < v.recycled) {
-			v = s
-		}
+func (r *refCache) evict(s *refSeq) {
+	stamp := s.stamp
+	if r.order == EvictMLC {
+		r.mlc.Erase(stamp)
 	}
-	r.removeSeq(v)
-	r.evicted = append(r.evicted, v.id)
+	r.treeRemove(s)
+	delete(r.seqs, s.id)
+	ev := Eviction{Seq: s.id, Recycled: stamp, Oldest: -1}
+	if rs := r.recyclingSeqs(); len(rs) > 0 {
+		ev.Oldest, ev.OldestRecycled = rs[0].id, rs[0].stamp
+	}
+	r.evicted = append(r.evicted, ev)
 	r.stats.Evictions++
 }
 
-func (r *refCache) TryFreeMemory() bool {
-	if r.numRec() == 0 {
+func (r *refCache) tryFree() bool {
+	rs := r.recyclingSeqs()
+	if len(rs) == 0 {
 		return false
 	}
-	r.evictLRU()
+	v := rs[0]
+	if r.order == EvictMLC {
+		_, id, _ := r.mlc.Front()
+		v = r.seqs[id]
+	}
+	r.evict(v)
 	return true
 }
+
+func (r *refCache) TryFreeMemory() bool { return r.tryFree() }
 
 func (r *refCache) RecycleSequence(id int64) error {
 	s := r.held(id)
@@ -310,18 +519,22 @@ func (r *refCache) RecycleSequence(id int64) error {
 	if s.state != Active {
 		return ErrNotActive
 	}
+	r.commit()
 	if r.maxRec == 0 {
-		r.commit()
-		r.removeSeq(s)
-		r.evicted = append(r.evicted, id)
+		r.treeRemove(s)
+		delete(r.seqs, id)
+		r.evicted = append(r.evicted, Eviction{Seq: id, Oldest: -1})
 		r.stats.Evictions++
 		return nil
 	}
-	if r.maxRec > 0 && r.numRec() >= r.maxRec {
-		r.evictLRU()
+	if r.maxRec > 0 && len(r.recyclingSeqs()) >= r.maxRec {
+		r.tryFree()
 	}
-	s.state = Recycling
-	s.recycled = r.tick()
+	r.counter++
+	s.state, s.stamp = Recycling, r.counter
+	if r.order == EvictMLC {
+		r.mlc.Insert(s.stamp, id)
+	}
 	return nil
 }
 
@@ -340,7 +553,10 @@ func (r *refCache) RollBackSequence(id int64, n int) error {
 		return ErrBadLength
 	}
 	r.commit()
-	r.shrink(s, len(s.toks)-n)
+	if n > 0 {
+		r.treeRollBack(s, n)
+		s.toks = slices.Clone(s.toks[:len(s.toks)-n])
+	}
 	return nil
 }
 
@@ -350,7 +566,11 @@ func (r *refCache) RemoveSequence(id int64) error {
 		return ErrUnknownSequence
 	}
 	r.commit()
-	r.removeSeq(s)
+	if s.state == Recycling && r.order == EvictMLC {
+		r.mlc.Erase(s.stamp)
+	}
+	r.treeRemove(s)
+	delete(r.seqs, id)
 	return nil
 }
 
@@ -369,8 +589,9 @@ func sentinel(err error) string {
 
 // opReader decodes a byte string into operations; past the end it reads zeros.
 type opReader struct {
-	data []byte
-	pos  int
+	data     []byte
+	pos      int
+	alphabet byte // tokens are 0 … alphabet-1
 }
 
 func (r *opReader) more() bool { return r.pos < len(r.data) }
@@ -437,7 +658,8 @@ func (r *opReader) window() Window {
 	return NoWindow
 }
 
-// tokens returns a short token list over a 3-token alphabet: random, or a prefix of a held
+// tokens returns a short token list over a small alphabet (3 tokens, or 12 so that nodes
+// have enough children to be indexed): random, or a prefix of a held
 // sequence and a random tail (so that matches are long and the tree branches), or a whole
 // recycling sequence and a token or two (a returning conversation, so that reuse happens).
 func (r *opReader) tokens(ref *refCache) []int32 {
@@ -457,7 +679,7 @@ func (r *opReader) tokens(ref *refCache) []int32 {
 	}
 	out := slices.Clone(src)
 	for len(out) < n {
-		out = append(out, int32(r.next()%3))
+		out = append(out, int32(r.next()%r.alphabet))
 	}
 	return out
 }
@@ -468,15 +690,15 @@ type harness struct {
 	t       testing.TB
 	c       *Cache
 	ref     *refCache
-	evicted []int64
+	evicted []Eviction
 	nodes   map[NodeID]Node // what TakeChanges has said so far
 	log     []string
 }
 
-func newHarness(t testing.TB, cfg Config) *harness {
-	h := &harness{t: t, ref: newRef(cfg), nodes: map[NodeID]Node{}}
-	cfg.OnEvict = func(id int64) { h.evicted = append(h.evicted, id) }
-	h.c = New(cfg)
+func newHarness(t testing.TB, cfg Config, capacity int) *harness {
+	h := &harness{t: t, ref: newRef(cfg, capacity), nodes: map[NodeID]Node{}}
+	cfg.OnEvict = func(ev Eviction) { h.evicted = append(h.evicted, ev) }
+	h.c = newCache(cfg, capacity)
 	h.takeChanges()
 	return h
 }
@@ -497,16 +719,25 @@ func joinLines(s []string) string {
 	return out
 }
 
+// capacities are the page sizes the differential test runs: MLC's 64, and small ones under
+// which the short sequences it makes fill chains of pages, so that the capacity checks of
+// extensions and merges matter.
+var capacities = [...]int{64, 2, 3, 4, 5, 8}
+
 // runOps decodes data into a configuration and operations and runs them.
 func runOps(t testing.TB, data []byte) {
-	r := &opReader{data: data}
-	b := r.next()
-	cfg := Config{Mode: Radix, MaxRecycling: int(b/8%5) - 1}
+	r := &opReader{data: data, alphabet: 3}
+	b, b2 := r.next(), r.next()
+	if b2/12%4 == 3 {
+		r.alphabet = 12
+	}
+	cfg := Config{Mode: Radix, MaxRecycling: int(b/8%5) - 1, Evict: EvictOrder(b2 % 2)}
 	if b%8 == 7 {
 		cfg.Mode = Disabled
 	}
-	h := newHarness(t, cfg)
-	h.log = append(h.log, fmt.Sprintf("New(%+v)", cfg))
+	capacity := capacities[int(b2/2)%len(capacities)]
+	h := newHarness(t, cfg, capacity)
+	h.log = append(h.log, fmt.Sprintf("New(%+v) with pages of %d, %d tokens", cfg, capacity, r.alphabet))
 	for r.more() {
 		h.step(r)
 	}
@@ -611,15 +842,15 @@ func (h *harness) checkPath(res Result) {
 		return
 	}
 	nodes := map[NodeID]*node{}
-	var visit func(n *node)
-	visit = func(n *node) {
-		nodes[n.id] = n
-		for _, ch := range n.children {
-			visit(ch)
+	var visit func(p *node)
+	visit = func(p *node) {
+		nodes[p.id] = p
+		for _, k := range p.kids {
+			visit(k)
 		}
 	}
-	visit(h.c.root)
-	prev := h.c.root
+	visit(h.c.t.root)
+	prev := h.c.t.root
 	for _, id := range res.Path {
 		n := nodes[id]
 		if n == nil || n.parent != prev {
@@ -680,8 +911,8 @@ func (h *harness) compare() {
 	if !slices.Equal(h.evicted, ref.evicted) {
 		h.fail("OnEvict calls %v, want %v", h.evicted, ref.evicted)
 	}
-	// Every sequence sits at the node that spells its tokens, in arrival order there.
-	at := map[*node][]*refSeq{}
+	// Every sequence sits at the page that spells its tokens, and the pages are laid out as
+	// the model lays them out, page by page, sequences and children in MLC's list order.
 	for id, s := range ref.seqs {
 		e := c.seqs[id]
 		if e == nil {
@@ -690,15 +921,10 @@ func (h *harness) compare() {
 		if got := pathTokens(e.node); !slices.Equal(got, s.toks) {
 			h.fail("sequence %d spells %v, want %v", id, got, s.toks)
 		}
-		at[e.node] = append(at[e.node], s)
 	}
-	for n, ss := range at {
-		slices.SortFunc(ss, func(a, b *refSeq) int { return a.arrive - b.arrive })
-		for i, s := range ss {
-			if n.seqs[i].id != s.id {
-				h.fail("node %d holds %v in an order other than arrival", n.id, seqIDs(n))
-			}
-		}
+	ref.verify()
+	if got, want := shape(c.t.root), ref.shape(); got != want {
+		h.fail("tree shape\n  %s\nwant\n  %s", got, want)
 	}
 	// Deltas applied to what we had give the tree; Order gives the children's order.
 	h.takeChanges()
@@ -733,22 +959,41 @@ func (h *harness) compare() {
 	}
 }
 
-func pathTokens(n *node) []int32 {
+// shape writes the Cache's tree as refCache.shape does, page by page: a node's pages but the
+// last hold no sequence and have the next as their only child.
+func shape(root *node) string {
+	var b strings.Builder
+	var visit func(n *node)
+	visit = func(n *node) {
+		var seqs []int64
+		eachSeq(n, func(s slot) bool { seqs = append(seqs, s.id); return true })
+		if n == root {
+			fmt.Fprintf(&b, "(%v %v", []int32{}, seqs)
+		}
+		for i := range n.ends {
+			var here []int64
+			if i == n.lastPage() {
+				here = seqs
+			}
+			fmt.Fprintf(&b, "(%v %v", n.toks[n.start(i):n.end(i)], here)
+		}
+		for i := len(n.kids) - 1; i >= 0; i-- {
+			visit(n.kids[i])
+		}
+		b.WriteString(strings.Repeat(")", max(len(n.ends), 1)))
+	}
+	visit(root)
+	return b.String()
+}
+
+func pathTokens(p *node) []int32 {
 	var spans [][]int32
-	for ; n != nil; n = n.parent {
-		spans = append(spans, n.span)
+	for ; p != nil; p = p.parent {
+		spans = append(spans, p.toks)
 	}
 	var out []int32
 	for i := len(spans) - 1; i >= 0; i-- {
 		out = append(out, spans[i]...)
-	}
-	return out
-}
-
-func seqIDs(n *node) []int64 {
-	var out []int64
-	for _, e := range n.seqs {
-		out = append(out, e.id)
 	}
 	return out
 }

@@ -2,38 +2,108 @@ package prefix
 
 import (
 	"bytes"
+	"slices"
 	"unsafe"
 )
 
+// pageCapacity is the number of tokens a radix page holds: MLC's kPageCapacity_.
+const pageCapacity = 64
+
 // indexAt is the child count above which a node indexes its children by first token;
-// unindexAt is the count at or below which it drops the index again.
+// unindexAt is the count at or below which it drops the index again. Siblings never share a
+// first token, so the index finds what MLC's scan of the child list finds.
 const (
 	indexAt   = 8
 	unindexAt = 4
 )
 
-// node is a node of the compressed radix tree. Every non-root node has a non-empty span, and
-// holds a sequence or has at least two children; the root holds the sequences of length 0.
+// tree is MLC's paged radix tree (cpp/serve/radix_tree.cc): which tokens each sequence
+// holds, laid out in radix pages exactly as MLC lays them out, so that its MatchPrefix order
+// can be followed. It answers questions (match, the candidates in order, the shortest
+// recycling candidate, the first one that may be forked) and applies the changes the Cache
+// decides (add, fork, extend, roll back, remove); it decides nothing.
+//
+// MLC's layout:
+//   - A page holds at most cap tokens (the root none); a long edge is a chain of pages.
+//   - Each page keeps the sequences that end exactly at its end, newest first (a sequence is
+//     pushed to the front), and its children, newest first (a new page is pushed to the
+//     front). A page keeps its place among its siblings for life.
+//   - A split cuts a page in two: the upper part stays in place, the lower part becomes its
+//     only child and takes its sequences and children.
+//   - A page with no sequence and exactly one child that fits with it (lengths summed <= cap)
+//     is merged with that child, the upper page absorbing the lower, at the points MLC checks:
+//     after a split (the lower part, and the upper part's parent), after an extension (the
+//     page the sequence left) and after a removal (the first page left standing). A roll-back
+//     merges nothing.
+//   - A leaf page with no sequence is extended in place, up to cap tokens, before new pages
+//     are chained below it.
+//
+// The representation is coarser than MLC's: a node is a maximal chain of pages, each page
+// but the last holding no sequence and having the next as its only child. A node then holds
+// a sequence or has two children or more (the root excepted), as in a compressed radix tree,
+// and records where its pages end. The operations below are MLC's, page by page; a page is
+// named by a pageRef, and a chain that an operation leaves unmaximal (a node that lost its
+// last sequence or its second child) is joined with its child when the operation is done.
+// Joining changes no page.
+//
+// Every node also counts the sequences in its subtree (all, recycling, without a sliding
+// window), so that the searches can skip subtrees that cannot hold their answer.
+type tree struct {
+	root   *node
+	cap    int
+	nextID NodeID
+
+	dirty   []*node  // nodes created or modified since the last TakeChanges
+	removed []NodeID // nodes that existed at the last TakeChanges and were deleted since
+
+	suspects []*node // nodes an operation may have left unmaximal; see normalize
+
+	spare []*node // freed nodes, for reuse
+}
+
+// entry is a cached sequence. The tree owns node; the Cache owns the rest. The sequence
+// ends at its node's last page: its length is the node's depth.
+type entry struct {
+	id     int64
+	node   *node
+	state  State
+	window Window
+	// stamp is the recycle counter's value when the sequence was last recycled; 0 while it
+	// is active.
+	stamp      uint64
+	prev, next *entry // the recycling list, least recently recycled first
+}
+
+// node is a maximal chain of radix pages.
 type node struct {
 	// What a lookup reads comes first.
 
-	// span is the edge into the node. Its spare capacity, if any, belongs to this node alone
-	// (an upper half made by a split is capped with a full slice expression), so a leaf may
-	// grow by append.
-	span     []int32
-	index    map[int32]*node // children by first token, when there are more than indexAt
-	children []*node         // creation order
-	seqs     []slot          // arrival order
-	total    int32           // sequences in the subtree
-	rec      int32           // recycling sequences in the subtree
-	plain    int32           // sequences without a sliding window in the subtree
-	id       NodeID
-	depth    int
-	parent   *node
-	hits     uint64
-	order    uint32 // sibling order; see Node.Order
-	dirtyAt  int32  // index in Cache.dirty, or -1
-	fresh    bool   // created since the last TakeChanges
+	// toks are the node's tokens, its pages' end to end. Their spare capacity, if any,
+	// belongs to this node alone (nodes cut from one copy are capped with full slice
+	// expressions), so a leaf may grow by append.
+	toks []int32
+	// ends are where the pages end in toks, ascending; the last is len(toks). The root has
+	// no tokens and no pages of its own: it is MLC's root page.
+	ends  []int32
+	index map[int32]*node // children by first token, when there are more than indexAt
+	// kids are the children, oldest first: MLC's list reversed. A new child is appended; a
+	// child keeps its index among the others but for removals before it.
+	kids   []*node
+	parent *node
+	seqs   []slot  // the sequences ending here, oldest first: MLC's list reversed
+	inline [1]slot // seqs' array while it holds one sequence: a leaf and its sequence sit together
+	total  int32   // sequences in the subtree
+	rec    int32   // recycling sequences in the subtree
+	plain  int32   // sequences without a sliding window in the subtree
+	// own counts the sequences ending here; kid1 sums own over the children of one page,
+	// whose sequences MatchPrefix meets first below a page, so that a walk can skip that
+	// pass when it would find nothing.
+	own, kid1 counts
+	depth     int // tokens from the root to the end of this node
+	id        NodeID
+	hits      uint64
+	dirtyAt   int32 // index in tree.dirty, or -1
+	fresh     bool  // created since the last TakeChanges
 }
 
 // slot is a sequence at a node. The id sits beside the pointer so that listing candidates
@@ -43,202 +113,256 @@ type slot struct {
 	e  *entry
 }
 
-// nodeBox allocates a node with room for its first sequence, so that a leaf and the
-// sequence it holds sit together: a lookup then touches one object fewer.
-type nodeBox struct {
-	node
-	first [1]slot
+// counts counts sequences: all, recycling, without a sliding window.
+type counts struct{ seqs, rec, plain int32 }
+
+func (a counts) plus(b counts) counts {
+	return counts{a.seqs + b.seqs, a.rec + b.rec, a.plain + b.plain}
+}
+func (a counts) minus(b counts) counts {
+	return counts{a.seqs - b.seqs, a.rec - b.rec, a.plain - b.plain}
 }
 
-func (c *Cache) newNode(parent *node, span []int32, depth int) *node {
-	b := &nodeBox{node: node{id: c.nextID, order: uint32(c.nextID), parent: parent, span: span, depth: depth, dirtyAt: -1, fresh: true}}
-	b.seqs = b.first[:0]
-	n := &b.node
-	c.nextID++
-	if c.nextID == 0 {
+// pageRef names page i of node n; the root's page is i == -1.
+type pageRef struct {
+	n *node
+	i int
+}
+
+func newTree(capacity int) tree {
+	t := tree{cap: capacity}
+	t.root = t.newNode(nil, nil, nil)
+	return t
+}
+
+func (t *tree) newNode(parent *node, toks []int32, ends []int32) *node {
+	var n *node
+	if k := len(t.spare); k > 0 {
+		n = t.spare[k-1]
+		t.spare[k-1] = nil
+		t.spare = t.spare[:k-1]
+	} else {
+		n = new(node)
+	}
+	*n = node{id: t.nextID, parent: parent, toks: toks, ends: ends, dirtyAt: -1, fresh: true}
+	n.seqs = n.inline[:0]
+	if parent != nil {
+		n.depth = parent.depth + len(toks)
+	}
+	t.nextID++
+	if t.nextID == 0 {
 		panic("prefix: node ids exhausted")
 	}
-	c.touch(n)
+	t.touch(n)
 	return n
 }
 
 // touch records that n changed, for TakeChanges.
-func (c *Cache) touch(n *node) {
+func (t *tree) touch(n *node) {
 	if n.dirtyAt < 0 {
-		n.dirtyAt = int32(len(c.dirty))
-		c.dirty = append(c.dirty, n)
+		n.dirtyAt = int32(len(t.dirty))
+		t.dirty = append(t.dirty, n)
 	}
 }
 
-// kill records that n left the tree.
-func (c *Cache) kill(n *node) {
+// free records that n left the tree, and keeps it for reuse.
+func (t *tree) free(n *node) {
 	if i := n.dirtyAt; i >= 0 {
-		last := len(c.dirty) - 1
-		c.dirty[i] = c.dirty[last]
-		c.dirty[i].dirtyAt = i
-		c.dirty[last] = nil
-		c.dirty = c.dirty[:last]
-		n.dirtyAt = -1
+		last := len(t.dirty) - 1
+		t.dirty[i] = t.dirty[last]
+		t.dirty[i].dirtyAt = i
+		t.dirty[last] = nil
+		t.dirty = t.dirty[:last]
 	}
 	if !n.fresh {
-		c.removed = append(c.removed, n.id)
+		t.removed = append(t.removed, n.id)
 	}
-	n.parent, n.children, n.index, n.span = nil, nil, nil, nil
+	*n = node{dirtyAt: -1}
+	t.spare = append(t.spare, n)
 }
+
+// Pages.
+
+func (n *node) lastPage() int { return len(n.ends) - 1 }
+
+// start and end are where page i begins and ends in n.toks.
+func (n *node) start(i int) int {
+	if i <= 0 {
+		return 0
+	}
+	return int(n.ends[i-1])
+}
+
+func (n *node) end(i int) int {
+	if i < 0 {
+		return 0
+	}
+	return int(n.ends[i])
+}
+
+func (r pageRef) len() int      { return r.n.end(r.i) - r.n.start(r.i) }
+func (r pageRef) isLast() bool  { return r.i == r.n.lastPage() }
+func (r pageRef) hasSeqs() bool { return r.isLast() && len(r.n.seqs) > 0 }
+
+// kids is the number of the page's children: the next page, or the node's children.
+func (r pageRef) kids() int {
+	if !r.isLast() {
+		return 1
+	}
+	return len(r.n.kids)
+}
+
+func (r pageRef) firstChild() pageRef {
+	if !r.isLast() {
+		return pageRef{r.n, r.i + 1}
+	}
+	return pageRef{r.n.newest(), 0}
+}
+
+// parentPage returns the page above r; ok is false for the root's.
+func (r pageRef) parentPage() (p pageRef, ok bool) {
+	switch {
+	case r.i > 0:
+		return pageRef{r.n, r.i - 1}, true
+	case r.n.parent == nil:
+		return pageRef{}, false
+	}
+	return pageRef{r.n.parent, r.n.parent.lastPage()}, true
+}
+
+// lastOf returns the page a node's sequences end in.
+func lastOf(n *node) pageRef { return pageRef{n, n.lastPage()} }
+
+// pageAt returns the page of n where the node's off-th token lies (0 < off <= len(n.toks)).
+func pageAt(n *node, off int) pageRef {
+	i, _ := slices.BinarySearch(n.ends, int32(off))
+	return pageRef{n, i}
+}
+
+// mergeable is MLC's RadixPage::Mergeable: no sequence, exactly one child, and room for the
+// child's tokens. The root's page, which holds no token, never is.
+func (t *tree) mergeable(r pageRef) bool {
+	return r.n != t.root && !r.hasSeqs() && r.kids() == 1 && r.len()+r.firstChild().len() <= t.cap
+}
+
+// Children.
+
+// newest returns the first child in MLC's list.
+func (n *node) newest() *node { return n.kids[len(n.kids)-1] }
 
 func (n *node) child(tok int32) *node {
 	if n.index != nil {
 		return n.index[tok]
 	}
-	for _, ch := range n.children {
-		if ch.span[0] == tok {
-			return ch
+	for i := len(n.kids) - 1; i >= 0; i-- {
+		if c := n.kids[i]; c.toks[0] == tok {
+			return c
 		}
 	}
 	return nil
 }
 
-func (n *node) addChild(ch *node) {
-	n.children = append(n.children, ch)
+// insertChild pushes c to the front of n's children in MLC's list.
+func (n *node) insertChild(c *node) {
+	c.parent = n
+	n.kids = append(n.kids, c)
+	if len(c.ends) == 1 {
+		n.kid1 = n.kid1.plus(c.own)
+	}
 	if n.index != nil {
-		n.index[ch.span[0]] = ch
-	} else if len(n.children) > indexAt {
-		n.index = make(map[int32]*node, len(n.children))
-		for _, x := range n.children {
-			n.index[x.span[0]] = x
+		n.index[c.toks[0]] = c
+	} else if len(n.kids) > indexAt {
+		n.index = make(map[int32]*node, len(n.kids))
+		for _, x := range n.kids {
+			n.index[x.toks[0]] = x
 		}
 	}
 }
 
-// replaceChild puts nw in old's place; both start with the same token.
-func (n *node) replaceChild(old, nw *node) {
-	for i, ch := range n.children {
-		if ch == old {
-			n.children[i] = nw
-			if n.index != nil {
-				n.index[nw.span[0]] = nw
-			}
-			return
+func (t *tree) removeChild(n, c *node) {
+	i := slices.Index(n.kids, c)
+	copy(n.kids[i:], n.kids[i+1:])
+	n.kids[len(n.kids)-1] = nil
+	n.kids = n.kids[:len(n.kids)-1]
+	if len(n.kids) == 0 {
+		n.kids = nil
+	}
+	c.parent = nil
+	if len(c.ends) == 1 {
+		n.kid1 = n.kid1.minus(c.own)
+	}
+	if n.index != nil {
+		delete(n.index, c.toks[0])
+		if len(n.kids) <= unindexAt {
+			n.index = nil
 		}
 	}
-	panic("prefix: replaceChild: not a child")
+	t.touch(n)
+	t.suspects = append(t.suspects, n)
 }
 
-func (n *node) removeChild(old *node) {
-	for i, ch := range n.children {
-		if ch == old {
-			copy(n.children[i:], n.children[i+1:])
-			n.children[len(n.children)-1] = nil
-			n.children = n.children[:len(n.children)-1]
-			if len(n.children) == 0 {
-				n.children = nil
-			}
-			if n.index != nil {
-				delete(n.index, old.span[0])
-				if len(n.children) <= unindexAt {
-					n.index = nil
-				}
-			}
-			return
+// takeChildren moves all of from's children under n, which has none, keeping their order.
+func (t *tree) takeChildren(n, from *node) {
+	n.kids, n.index, n.kid1 = from.kids, from.index, from.kid1
+	from.kids, from.index, from.kid1 = nil, nil, counts{}
+	for _, c := range n.kids {
+		c.parent = n
+		t.touch(c) // its Node.Parent changed
+	}
+}
+
+// takeSeqs moves all of from's sequences to n, which has none, keeping their order.
+func (t *tree) takeSeqs(n, from *node) {
+	if len(from.seqs) <= 1 {
+		n.seqs = append(n.inline[:0], from.seqs...) // not from's inline array: from may be reused
+	} else {
+		n.seqs = from.seqs
+	}
+	from.seqs = from.inline[:0]
+	for _, s := range n.seqs {
+		s.e.node = n
+	}
+	own := from.own
+	t.setOwn(from, counts{})
+	t.setOwn(n, own)
+}
+
+// setOwn sets n's own counts, keeping its parent's sums.
+func (t *tree) setOwn(n *node, own counts) {
+	if p := n.parent; p != nil && len(n.ends) == 1 {
+		p.kid1 = p.kid1.plus(own.minus(n.own))
+	}
+	n.own = own
+}
+
+// setEnds gives n new page ends, keeping its parent's sums.
+func (t *tree) setEnds(n *node, ends []int32) {
+	if p := n.parent; p != nil && (len(n.ends) == 1) != (len(ends) == 1) {
+		if len(n.ends) == 1 {
+			p.kid1 = p.kid1.minus(n.own)
+		} else {
+			p.kid1 = p.kid1.plus(n.own)
 		}
 	}
-	panic("prefix: removeChild: not a child")
+	n.ends = ends
 }
 
-// match finds the longest common prefix m of q with the tree, and the node x holding the
-// m-th token (the root when m is 0).
-func (c *Cache) match(q []int32) (x *node, m int) {
-	n := c.root
-	for m < len(q) {
-		ch := n.child(q[m])
-		if ch == nil {
-			break
-		}
-		l := lcp(ch.span, q[m:])
-		m += l
-		if l < len(ch.span) {
-			return ch, m
-		}
-		n = ch
-	}
-	return n, m
-}
+// Sequences.
 
-// nodeAt returns the node ending at depth d on the path to x, splitting a node when d falls
-// inside its span. 0 <= d <= x.depth.
-func (c *Cache) nodeAt(x *node, d int) *node {
-	for x.parent != nil && x.parent.depth >= d {
-		x = x.parent
-	}
-	if x.depth == d {
-		return x
-	}
-	return c.split(x, d-x.parent.depth)
-}
-
-// split cuts n's span after k tokens (0 < k < len(n.span)) and returns the new upper node,
-// which takes n's place (and order) under n's parent; n keeps its id, its sequences and its
-// children.
-func (c *Cache) split(n *node, k int) *node {
-	p := n.parent
-	u := c.newNode(p, n.span[:k:k], p.depth+k)
-	u.order = n.order
-	u.total, u.rec, u.plain, u.hits = n.total, n.rec, n.plain, n.hits
-	u.children = []*node{n}
-	p.replaceChild(n, u)
-	n.span = n.span[k:]
-	n.parent = u
-	c.touch(n)
-	return u
-}
-
-// merge folds n, which holds no sequence and has one child, into that child.
-func (c *Cache) merge(n *node) {
-	ch := n.children[0]
-	span := make([]int32, len(n.span)+len(ch.span))
-	copy(span, n.span)
-	copy(span[len(n.span):], ch.span)
-	ch.span = span
-	ch.parent = n.parent
-	ch.order = n.order
-	ch.hits = max(ch.hits, n.hits)
-	n.parent.replaceChild(n, ch)
-	c.kill(n)
-	c.touch(ch)
-}
-
-// prune restores the tree's shape after a sequence left n: it deletes empty leaves upward and
-// merges a node left with no sequence and one child.
-func (c *Cache) prune(n *node) {
-	for n != c.root && len(n.seqs) == 0 {
-		switch len(n.children) {
-		case 0:
-			p := n.parent
-			p.removeChild(n)
-			c.kill(n)
-			n = p
-		case 1:
-			c.merge(n)
-			return
-		default:
-			return
-		}
-	}
-}
-
-// attach puts e at n, the last to arrive there.
-func (c *Cache) attach(e *entry, n *node) {
+// push puts e at the front of the sequences of page r, making r its node's last page.
+func (t *tree) push(r pageRef, e *entry) {
+	n := t.materialize(r)
 	e.node = n
 	n.seqs = append(n.seqs, slot{e.id, e})
-	c.count(n, 1, e)
-	c.touch(n)
+	t.count(n, 1, e)
+	t.touch(n)
 }
 
-// detach takes e off its node (the caller prunes).
-func (c *Cache) detach(e *entry) {
+// pop takes e off its page and returns the page.
+func (t *tree) pop(e *entry) pageRef {
 	n := e.node
-	for i, x := range n.seqs {
-		if x.e == e {
+	for i := len(n.seqs) - 1; i >= 0; i-- {
+		if n.seqs[i].e == e {
 			copy(n.seqs[i:], n.seqs[i+1:])
 			n.seqs[len(n.seqs)-1] = slot{}
 			n.seqs = n.seqs[:len(n.seqs)-1]
@@ -246,135 +370,438 @@ func (c *Cache) detach(e *entry) {
 		}
 	}
 	if len(n.seqs) == 0 && cap(n.seqs) > 4 {
-		n.seqs = nil // a crowd has left; a small array stays for the next arrival
+		n.seqs = n.inline[:0] // a crowd has left
 	}
-	c.count(n, -1, e)
-	c.touch(n)
+	t.count(n, -1, e)
+	t.touch(n)
+	t.suspects = append(t.suspects, n)
 	e.node = nil
+	return lastOf(n)
 }
 
-// count adds d sequences like e to the subtree counts of n and its ancestors.
-func (c *Cache) count(n *node, d int32, e *entry) {
-	var r, p int32
+// count adds d sequences like e, ending at n, to the counts of n and its ancestors.
+func (t *tree) count(n *node, d int32, e *entry) {
+	var r, pl int32
 	if e.state == Recycling {
 		r = d
 	}
 	if e.window.Size == -1 {
-		p = d
+		pl = d
 	}
+	t.setOwn(n, n.own.plus(counts{d, r, pl}))
 	for ; n != nil; n = n.parent {
 		n.total += d
 		n.rec += r
-		n.plain += p
+		n.plain += pl
 	}
 }
 
-// extend appends t to e's tokens. t is the cache's own copy; it may become a node's span.
-func (c *Cache) extend(e *entry, t []int32) {
-	a := e.node
-	if a != c.root && len(a.children) == 0 && len(a.seqs) == 1 {
-		// e alone at a leaf: the leaf grows.
-		a.span = append(a.span, t...)
-		a.depth += len(t)
-		c.touch(a)
+// setState changes e's state, keeping the counts.
+func (t *tree) setState(e *entry, st State) {
+	if e.state == st {
 		return
 	}
-	n, i := a, 0
-	for i < len(t) {
-		ch := n.child(t[i])
-		if ch == nil {
-			rest := t[i:] // the copy's capacity past its end is free for this node to grow into
-			if 2*len(rest) < len(t) {
-				// Do not keep a mostly matched copy alive for its tail.
-				rest = append([]int32(nil), rest...)
-			}
-			ch = c.newNode(n, rest, n.depth+len(rest))
-			n.addChild(ch)
-			n = ch
+	t.count(e.node, -1, e)
+	e.state = st
+	t.count(e.node, 1, e)
+	t.touch(e.node)
+}
+
+// Structure. None of these changes a page but as MLC's operations do.
+
+// materialize makes page r the last page of its node, cutting the node after it: the pages
+// below go to a new node, with the node's sequences and children. It returns r's node. The
+// caller gives r a sequence or a second child at once.
+func (t *tree) materialize(r pageRef) *node {
+	n := r.n
+	if r.isLast() {
+		return n
+	}
+	e := n.end(r.i)
+	ends := make([]int32, len(n.ends)-r.i-1)
+	for j := range ends {
+		ends[j] = n.ends[r.i+1+j] - int32(e)
+	}
+	l := t.newNode(nil, n.toks[e:], ends)
+	l.depth = n.depth
+	t.takeChildren(l, n)
+	t.takeSeqs(l, n)
+	l.total, l.rec, l.plain, l.hits = n.total, n.rec, n.plain, n.hits
+	n.toks = n.toks[:e:e]
+	t.setEnds(n, n.ends[:r.i+1:r.i+1])
+	n.depth -= len(l.toks)
+	n.insertChild(l)
+	t.touch(n)
+	t.suspects = append(t.suspects, l) // the pages below may hold nothing now
+	return n
+}
+
+// join folds n's only child c into n, n holding no sequence: n's pages are followed by c's.
+// No page changes.
+func (t *tree) join(n *node) {
+	c := n.kids[0]
+	toks := make([]int32, len(n.toks)+len(c.toks))
+	copy(toks, n.toks)
+	copy(toks[len(n.toks):], c.toks)
+	ends := make([]int32, len(n.ends)+len(c.ends))
+	copy(ends, n.ends)
+	for j, x := range c.ends {
+		ends[len(n.ends)+j] = x + int32(len(n.toks))
+	}
+	n.toks = toks
+	t.setEnds(n, ends)
+	n.depth = c.depth
+	t.removeChild(n, c)
+	t.takeChildren(n, c)
+	t.takeSeqs(n, c)
+	n.hits = max(n.hits, c.hits)
+	t.free(c)
+	t.touch(n)
+}
+
+// normalize joins the nodes an operation left with no sequence and one child to that child.
+func (t *tree) normalize() {
+	for _, n := range t.suspects {
+		// A suspect may have been freed (its parent is then nil) or reused since; joining any
+		// node that needs it is right.
+		for n.parent != nil && len(n.seqs) == 0 && len(n.kids) == 1 {
+			t.join(n)
+		}
+	}
+	clear(t.suspects)
+	t.suspects = t.suspects[:0]
+}
+
+// mergePage is MLC's MergePage: page r, mergeable, absorbs its only child page.
+func (t *tree) mergePage(r pageRef) {
+	n := r.n
+	if r.isLast() {
+		t.join(n)
+	}
+	t.setEnds(n, slices.Delete(slices.Clone(n.ends), r.i, r.i+1))
+	t.touch(n)
+}
+
+// splitPage is MLC's SplitPage: it cuts page r after k tokens (0 < k < r.len()), the lower
+// part taking the page's sequences and children; then it merges the lower part with its
+// child, and the upper part into its parent, where they can be. It returns the page that
+// ends where r's first k tokens end.
+func (t *tree) splitPage(r pageRef, k int) pageRef {
+	n := r.n
+	t.setEnds(n, slices.Insert(slices.Clone(n.ends), r.i, int32(n.start(r.i)+k)))
+	t.touch(n)
+	if lower := (pageRef{n, r.i + 1}); t.mergeable(lower) {
+		t.mergePage(lower)
+	}
+	up := pageRef{n, r.i}
+	if p, ok := up.parentPage(); ok && t.mergeable(p) {
+		t.mergePage(p) // p keeps its index, in n or in the parent node that absorbed n
+		return p
+	}
+	return up
+}
+
+// removeLeafPage drops page r, which holds no sequence and has no child: it is its node's
+// last page. A node left without pages leaves the tree.
+func (t *tree) removeLeafPage(r pageRef) {
+	n := r.n
+	if r.i == 0 {
+		t.removeChild(n.parent, n)
+		t.free(n)
+		return
+	}
+	n.depth -= r.len()
+	n.toks = n.toks[:n.start(r.i)]
+	t.setEnds(n, n.ends[:r.i])
+	t.touch(n)
+}
+
+// match walks from page r along q, child by first token, and stops in the page where the
+// common prefix ends: it returns that page, the tokens of q matched, and how many of the
+// page's tokens were (its length when the match reaches the page's end). r must be its
+// node's last page.
+func (t *tree) match(r pageRef, q []int32) (end pageRef, m, in int) {
+	n := r.n
+	for m < len(q) {
+		c := n.child(q[m])
+		if c == nil {
 			break
 		}
-		l := lcp(ch.span, t[i:])
-		if l < len(ch.span) {
-			ch = c.split(ch, l)
+		l := lcp(c.toks, q[m:])
+		m += l
+		if l < len(c.toks) {
+			p := pageAt(c, l)
+			return p, m, l - c.start(p.i)
 		}
-		n, i = ch, i+l
+		n = c
 	}
-	c.detach(e)
-	c.attach(e, n)
-	c.prune(a)
+	p := lastOf(n)
+	return p, m, p.len()
 }
 
-// rollBack drops the last k tokens of e (0 <= k <= its length).
-func (c *Cache) rollBack(e *entry, k int) {
-	if k == 0 {
+// The operations.
+
+// add holds e, holding no token, at the root (MLC's AddSequence).
+func (t *tree) add(e *entry) {
+	t.push(lastOf(t.root), e)
+	t.normalize()
+}
+
+// fork holds e with the first off tokens of parent (0 < off <= parent's length), in the
+// page where parent's off-th token lies, split there if it lies inside (MLC's ForkSequence).
+func (t *tree) fork(e, parent *entry, off int) {
+	n := parent.node
+	for n.depth-len(n.toks) >= off {
+		n = n.parent
+	}
+	r := pageAt(n, off-(n.depth-len(n.toks)))
+	if d := n.depth - len(n.toks) + n.end(r.i); off < d {
+		r = t.splitPage(r, r.len()-(d-off))
+	}
+	t.push(r, e)
+	t.normalize()
+}
+
+// extend appends toks to e (MLC's ExtendSequence). toks is the cache's own copy; nodes may
+// keep slices of it. An empty extension moves e to the front of its page.
+func (t *tree) extend(e *entry, toks []int32) {
+	orig := t.pop(e)
+	// orig keeps its node and index through what follows: everything that changes happens
+	// below it, and nothing above it merges with it.
+	p, off, in := t.match(orig, toks)
+	if in < p.len() {
+		p = t.splitPage(p, in)
+	}
+	if off < len(toks) {
+		rest := toks[off:]
+		if 2*len(rest) < len(toks) {
+			// Do not keep a mostly matched copy alive for its tail.
+			rest = append([]int32(nil), rest...)
+		}
+		if p.n != t.root && !p.hasSeqs() && p.kids() == 0 {
+			// A leaf page with no sequence: it fills up in place, and the pages that follow
+			// continue its chain.
+			n := p.n
+			n.toks = append(n.toks, rest...)
+			n.depth += len(rest)
+			t.setEnds(n, t.appendPages(n.ends, len(n.toks)-len(rest), len(n.toks)))
+			t.touch(n)
+			p = lastOf(n)
+		} else {
+			parent := t.materialize(p)
+			c := t.newNode(parent, rest, t.appendPages(nil, 0, len(rest)))
+			parent.insertChild(c)
+			p = lastOf(c)
+		}
+	}
+	t.push(p, e)
+	if t.mergeable(orig) {
+		t.mergePage(orig)
+	}
+	t.normalize()
+}
+
+// appendPages cuts the tokens [from, to) of a node into pages and appends their ends to
+// ends: the node's last page, which ends at from, first fills up to cap tokens (unless there
+// is none), then full pages follow, and a last shorter one.
+func (t *tree) appendPages(ends []int32, from, to int) []int32 {
+	if len(ends) > 0 {
+		s := 0
+		if len(ends) > 1 {
+			s = int(ends[len(ends)-2])
+		}
+		fill := min(s+t.cap, to)
+		ends[len(ends)-1] = int32(fill)
+		from = fill
+	}
+	ends = slices.Grow(ends, (to-from+t.cap-1)/t.cap)
+	for from < to {
+		from = min(from+t.cap, to)
+		ends = append(ends, int32(from))
+	}
+	return ends
+}
+
+// rollBack drops the last n tokens of e (0 < n <= its length), as MLC's RollBackSequence
+// does: pages left empty on the way up are freed, a leaf left with no sequence shrinks in
+// place, and otherwise the page where e now ends is split. Nothing is merged.
+func (t *tree) rollBack(e *entry, n int) {
+	if n == e.node.depth {
+		t.remove(e)
+		t.add(e)
 		return
 	}
-	a := e.node
-	t := c.nodeAt(a, a.depth-k)
-	c.detach(e)
-	c.attach(e, t)
-	c.prune(a)
+	r := t.pop(e)
+	for r.len() <= n {
+		n -= r.len()
+		up, _ := r.parentPage()
+		if !r.hasSeqs() && r.kids() == 0 {
+			t.removeLeafPage(r)
+		}
+		r = up
+	}
+	if !r.hasSeqs() && r.kids() == 0 {
+		m := r.n
+		m.toks = m.toks[:len(m.toks)-n]
+		m.ends[len(m.ends)-1] -= int32(n)
+		m.depth -= n
+		t.touch(m)
+	} else if n > 0 {
+		r = t.splitPage(r, r.len()-n)
+	}
+	t.push(r, e)
+	t.normalize()
 }
 
-// appendIDs appends the sequences of x's subtree in candidate order: depth first, children
-// in creation order, and within a node the most recently arrived first.
-func appendIDs(dst []int64, x *node) []int64 {
-	for i := len(x.seqs) - 1; i >= 0; i-- {
-		dst = append(dst, x.seqs[i].id)
+// remove drops e from the tree (MLC's RemoveSequence): the pages it leaves empty go, and the
+// first page left standing is merged with its child if it can be.
+func (t *tree) remove(e *entry) {
+	r := t.pop(e)
+	for r.n != t.root && !r.hasSeqs() && r.kids() == 0 {
+		up, _ := r.parentPage()
+		t.removeLeafPage(r)
+		r = up
 	}
-	for _, ch := range x.children {
-		dst = appendIDs(dst, ch)
+	if t.mergeable(r) {
+		t.mergePage(r)
 	}
-	return dst
+	t.normalize()
 }
 
-// findReuse returns the sequence InsertSequence takes over when no sliding window is in play:
-// the shortest recycling sequence with window w in x's subtree (the first in candidate order
-// among the shortest), provided m > 0.9 * its length; else nil. It visits only subtrees that
-// hold a recycling sequence short enough to pass the test and shorter than the best so far.
-func (c *Cache) findReuse(x *node, m int, w Window) *entry {
+// Questions.
+
+// eachSeq calls f for n's sequences, newest first, until f returns false.
+func eachSeq(n *node, f func(slot) bool) bool {
+	for i := len(n.seqs) - 1; i >= 0; i-- {
+		if !f(n.seqs[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// candidatesOf calls f for the sequences of x's subtree in MLC's MatchPrefix order, until f
+// returns false, for a match that stopped in any page of x: x's own, then below(x).
+func candidatesOf(x *node, f func(slot) bool) bool {
+	return eachSeq(x, f) && below(x, f)
+}
+
+// below is MLC's Iterate from the first child of x's last page, where Iterate(c) visits c,
+// then Iterate of c's next sibling, then Iterate of c's first child. Page by page that is:
+// the sequences of all the children, in list order, then, for each child from the oldest to
+// the newest, the same below it. A child node of several pages has no sequence on its first
+// page: its own come first in its turn below, followed by what is below its last page.
+func below(x *node, f func(slot) bool) bool {
+	if x.kid1.seqs > 0 {
+		for i := len(x.kids) - 1; i >= 0; i-- {
+			if c := x.kids[i]; len(c.ends) == 1 && !eachSeq(c, f) {
+				return false
+			}
+		}
+	}
+	for _, c := range x.kids {
+		if len(c.ends) > 1 && !eachSeq(c, f) {
+			return false
+		}
+		if len(c.kids) > 0 && !below(c, f) {
+			return false
+		}
+	}
+	return true
+}
+
+// reusable is MLC's test for taking a recycling sequence of length l over for a match of m
+// tokens, m > 0.9 * l, in double precision as MLC computes it.
+func reusable(m, l int) bool { return float64(m) > float64(l)*0.9 }
+
+// shortestRecycling returns the sequence InsertSequence takes over when no sliding window is
+// in play: the shortest recycling sequence with window w among the candidates of x (the
+// first in candidate order among the shortest), provided it passes reusable(m, length); else
+// nil.
+//
+// It walks the candidates in order but skips the nodes and subtrees that cannot improve on
+// the best so far: those with nothing recycling, and those whose sequences (as long as the
+// node's depth, or longer below it) are no shorter than the best or too long to pass the
+// test. Skipping those that fail the test changes nothing: the test is monotone in the
+// length, so if the shortest fails, every candidate does.
+func shortestRecycling(x *node, m int, w Window) *entry {
+	if x.rec == 0 {
+		return nil
+	}
 	var best *entry
-	var visit func(n *node)
-	visit = func(n *node) {
-		if n.rec == 0 || 9*n.depth >= 10*m || (best != nil && n.depth >= best.node.depth) {
+	bestLen := 0
+	useful := func(l int) bool { return reusable(m, l) && (best == nil || l < bestLen) }
+	look := func(n *node) {
+		if n.own.rec == 0 || !useful(n.depth) {
 			return
 		}
 		for i := len(n.seqs) - 1; i >= 0; i-- {
 			if e := n.seqs[i].e; e.state == Recycling && e.window == w {
-				best = e
-				return // every sequence below is longer
+				best, bestLen = e, n.depth
+				return // the others here are as long, and later
 			}
 		}
-		for _, ch := range n.children {
-			visit(ch)
+	}
+	var walk func(n *node)
+	walk = func(n *node) {
+		if n.kid1.rec > 0 {
+			for i := len(n.kids) - 1; i >= 0; i-- {
+				if c := n.kids[i]; len(c.ends) == 1 {
+					look(c)
+				}
+			}
+		}
+		for _, c := range n.kids {
+			if len(c.ends) > 1 {
+				look(c)
+			}
+			if c.rec > c.own.rec && useful(c.depth+1) {
+				walk(c)
+			}
 		}
 	}
-	visit(x)
+	look(x)
+	if len(x.kids) > 0 && useful(x.depth+1) {
+		walk(x)
+	}
 	return best
 }
 
-// firstPlain returns the first sequence without a sliding window in x's subtree, in candidate
-// order, or nil.
+// firstPlain returns the first sequence without a sliding window among the candidates of x,
+// in candidate order, or nil. It skips subtrees that hold none.
 func firstPlain(x *node) *entry {
-	for x.plain > 0 {
-		for i := len(x.seqs) - 1; i >= 0; i-- {
-			if e := x.seqs[i].e; e.window.Size == -1 {
-				return e
-			}
+	var found *entry
+	f := func(s slot) bool {
+		if s.e.window.Size == -1 {
+			found = s.e
+			return false
 		}
-		next := x
-		for _, ch := range x.children {
-			if ch.plain > 0 {
-				next = ch
-				break
-			}
-		}
-		if next == x {
-			panic("prefix: plain count out of step")
-		}
-		x = next
+		return true
 	}
-	return nil
+	if x.plain == 0 || !eachSeq(x, f) {
+		return found
+	}
+	var walk func(n *node) bool
+	walk = func(n *node) bool {
+		if n.kid1.plain > 0 {
+			for i := len(n.kids) - 1; i >= 0; i-- {
+				if c := n.kids[i]; len(c.ends) == 1 && c.own.plain > 0 && !eachSeq(c, f) {
+					return false
+				}
+			}
+		}
+		for _, c := range n.kids {
+			if len(c.ends) > 1 && c.own.plain > 0 && !eachSeq(c, f) {
+				return false
+			}
+			if c.plain > c.own.plain && !walk(c) {
+				return false
+			}
+		}
+		return true
+	}
+	walk(x)
+	return found
 }
 
 // lcp returns the length of the longest common prefix of a and b. It compares growing chunks

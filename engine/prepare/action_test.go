@@ -27,6 +27,7 @@ type fixtureConfig struct {
 	models       int
 	disabled     bool
 	maxRecycling int
+	evict        prefix.EvictOrder
 }
 
 func newFixture(t *testing.T, fc fixtureConfig) *fixture {
@@ -55,10 +56,10 @@ func newFixture(t *testing.T, fc fixtureConfig) *fixture {
 	if fc.disabled {
 		mode = prefix.Disabled
 	}
-	f.pc = prefix.New(prefix.Config{Mode: mode, MaxRecycling: fc.maxRecycling, OnEvict: func(id int64) {
+	f.pc = prefix.New(prefix.Config{Mode: mode, MaxRecycling: fc.maxRecycling, Evict: fc.evict, OnEvict: func(ev prefix.Eviction) {
 		for _, c := range f.caches {
-			if err := c.RemoveSequence(id); err != nil {
-				t.Fatalf("evict %d: %v", id, err)
+			if err := c.RemoveSequence(ev.Seq); err != nil {
+				t.Fatalf("evict %d: %v", ev.Seq, err)
 			}
 		}
 	}})
@@ -421,27 +422,38 @@ func TestWatermarkStallWithIdleRecyclablePages(t *testing.T) {
 	}
 }
 
-// When the token test fails, the action evicts least recently recycled sequences until it
-// passes.
+// When the token test fails, the action evicts recycling sequences until it passes: in MLC's
+// order the most recently recycled goes first (libstdc++'s hash map puts the newest stamp at
+// begin()), in the LRU order the least recently recycled.
 func TestEvictionUntilPrefillSpace(t *testing.T) {
-	f := newFixture(t, fixtureConfig{maxTotal: 8192, watermark: 1})
-	var seqs []int64
-	for i := range 4 {
-		prompt := tokens(2000, 0, i+1)
-		p := f.prep(fmt.Sprint("done-", i), prompt, -1)
-		f.finish(p, prompt, 2)
-		seqs = append(seqs, p.Seq)
-	}
-	// Four recycling sequences of 2001 tokens hold 4 × 126 pages: 9 free, until one goes.
-	out := f.step(0, []Request{{ID: "x", Prompt: tokens(1000, 0, 99), End: -1, HasEnd: true}})
-	if len(out.Admitted) != 1 {
-		t.Fatalf("not admitted: %+v", out.Blocked)
-	}
-	if got := out.Admitted[0].Evaluation.Evicted; got != 1 {
-		t.Errorf("evicted %d sequences, want 1", got)
-	}
-	if f.pc.HasSequence(seqs[0]) || !f.pc.HasSequence(seqs[1]) {
-		t.Errorf("evicted the wrong sequence: want the least recently recycled, %d", seqs[0])
+	for _, tc := range []struct {
+		order  prefix.EvictOrder
+		victim int // which of the four, in recycle order
+	}{
+		{prefix.EvictMLC, 3},
+		{prefix.EvictLRU, 0},
+	} {
+		f := newFixture(t, fixtureConfig{maxTotal: 8192, watermark: 1, evict: tc.order})
+		var seqs []int64
+		for i := range 4 {
+			prompt := tokens(2000, 0, i+1)
+			p := f.prep(fmt.Sprint("done-", i), prompt, -1)
+			f.finish(p, prompt, 2)
+			seqs = append(seqs, p.Seq)
+		}
+		// Four recycling sequences of 2001 tokens hold 4 × 126 pages: 9 free, until one goes.
+		out := f.step(0, []Request{{ID: "x", Prompt: tokens(1000, 0, 99), End: -1, HasEnd: true}})
+		if len(out.Admitted) != 1 {
+			t.Fatalf("%v: not admitted: %+v", tc.order, out.Blocked)
+		}
+		if got := out.Admitted[0].Evaluation.Evicted; got != 1 {
+			t.Errorf("%v: evicted %d sequences, want 1", tc.order, got)
+		}
+		for i, seq := range seqs {
+			if held := f.pc.HasSequence(seq); held == (i == tc.victim) {
+				t.Errorf("%v: the %d-th recycled (seq %d) held %v; want only the %d-th evicted", tc.order, i, seq, held, tc.victim)
+			}
+		}
 	}
 }
 
