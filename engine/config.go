@@ -30,6 +30,10 @@ type Config struct {
 	// libstdc++'s hash-map order, usually the most recently recycled) or the least recently
 	// recycled (what MLC's code means to do). docs/prefix-cache.md.
 	EvictOrder prefix.EvictOrder `json:"evict_order"`
+	// Counterfactual runs a second prefix cache, of tokens only, under the other eviction
+	// order over the same requests, to show the hit ratio that order would have given. On
+	// by default.
+	Counterfactual bool `json:"counterfactual"`
 	// Watermark is the prepare-receive watermark in pages (400, hard-coded in MLC).
 	Watermark int `json:"watermark"`
 	// SpecDraftLength > 0 turns speculative decoding's accounting on: spec_factor is
@@ -79,6 +83,7 @@ func DefaultConfig() Config {
 		PrefillChunkSize:        1024,
 		PrefixCache:             "radix",
 		MaxRecycling:            RecyclingAsBatch,
+		Counterfactual:          true,
 		Watermark:               prepare.DefaultWatermark,
 		Models:                  1,
 		ArenaLimit:              4 << 30,

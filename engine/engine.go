@@ -39,8 +39,13 @@ type Engine struct {
 	// prefix is the prefix cache; a disabled one is a no-op (it matches and holds nothing),
 	// so nothing here asks which mode it is in.
 	prefix *prefix.Cache
-	ids    prepare.IDs
-	act    *prepare.Action
+	// alt is the counterfactual prefix cache (the other eviction order), nil when off.
+	alt *counterfactual
+	// recycling is set while the real cache recycles: an eviction then is its cap's, which
+	// the counterfactual applies by itself.
+	recycling bool
+	ids       prepare.IDs
+	act       *prepare.Action
 
 	step  uint64
 	now   int64 // engine time of the current call, Unix milliseconds
@@ -135,6 +140,7 @@ func New(cfg Config) (*Engine, error) {
 		mode = prefix.Radix
 	}
 	e.prefix = prefix.New(prefix.Config{Mode: mode, MaxRecycling: cfg.Recycling(), Evict: cfg.EvictOrder, OnEvict: e.onEvict})
+	e.alt = newCounterfactual(cfg)
 	act, err := prepare.New(prepare.Config{
 		PageSize:               cfg.PageSize,
 		MaxNumSequence:         cfg.MaxNumSequence,
@@ -239,7 +245,7 @@ func (e *Engine) PrepRecv(now time.Time, pr PrepRecv) error {
 	}
 	r := &request{
 		id: pr.ID, prompt: slices.Clone(pr.Prompt), end: end, maxTokens: maxTokens,
-		seq: -1, parent: -1, arrived: e.mark(),
+		seq: -1, parent: -1, alt: -1, arrived: e.mark(),
 	}
 	e.reqs[r.id] = r
 	e.order = append(e.order, r)
@@ -546,6 +552,7 @@ func (e *Engine) admit(r *request, p prepare.Prepared) {
 	r.match = p.Match.Kind
 	r.parent = p.Match.Parent
 	r.admitted = e.mark()
+	e.alt.insert(r)
 	r.state = StatePrepared
 	md, err := prepare.Split(p.Metadata)
 	if err != nil {
@@ -630,6 +637,7 @@ func (e *Engine) queueExtension(r *request) {
 	if r.end > r.matched && e.prefix.HasSequence(r.seq) {
 		e.prefix.ExtendSequence(r.seq, r.prompt[r.matched:r.end])
 	}
+	e.alt.extend(r, r.prompt[r.altMatched:r.end])
 }
 
 // leavePrepared takes a request off the prepared list and its pages off the KV map.
@@ -666,6 +674,7 @@ func (e *Engine) prefill(sc *StepCompleted) bool {
 		if e.prefix.HasSequence(r.seq) {
 			e.prefix.ExtendSequence(r.seq, r.prompt[r.tailPos:r.tailPos+chunk])
 		}
+		e.alt.extend(r, r.prompt[r.tailPos:r.tailPos+chunk])
 		r.tailPos += chunk
 		r.pending -= chunk
 		budget -= chunk
@@ -750,6 +759,7 @@ func (e *Engine) decode(sc *StepCompleted) bool {
 		if e.prefix.HasSequence(r.seq) {
 			e.prefix.ExtendSequence(r.seq, []int32{r.lastToken})
 		}
+		e.alt.extend(r, []int32{r.lastToken})
 		e.sample(r)
 	}
 	sc.Decoded = len(batch)
@@ -802,8 +812,12 @@ func (e *Engine) finish(r *request) {
 // release gives up a request's KV sequence: recycled into the prefix cache when recycle is
 // set and the cache holds it, else removed.
 func (e *Engine) release(r *request, recycle bool) {
+	e.alt.release(r, recycle)
 	if recycle && e.prefix.HasSequence(r.seq) {
-		if err := e.prefix.RecycleSequence(r.seq); err != nil {
+		e.recycling = true
+		err := e.prefix.RecycleSequence(r.seq)
+		e.recycling = false
+		if err != nil {
 			panic(fmt.Sprintf("engine: recycle %s seq %d: %v", r.id, r.seq, err))
 		}
 		if e.prefix.HasSequence(r.seq) {
@@ -828,6 +842,9 @@ func (e *Engine) removeSeq(seq int64) {
 // onEvict is the prefix cache's eviction callback: the KV sequence goes too.
 func (e *Engine) onEvict(ev prefix.Eviction) {
 	e.totals.Evicted++
+	if !e.recycling {
+		e.alt.evict() // an eviction for memory; the cap's, the counterfactual makes itself
+	}
 	owner := ""
 	if r := e.seqOwner[ev.Seq]; r != nil {
 		owner = r.id
@@ -951,7 +968,8 @@ func (e *Engine) flushPrefix() {
 	if len(up) == 0 && len(rm) == 0 {
 		return
 	}
-	e.emit(PrefixChanged{Stamp: e.mark(), Upserts: up, Removed: rm, Stats: e.prefix.Stats(), Recycling: e.prefix.Recycling()})
+	e.emit(PrefixChanged{Stamp: e.mark(), Upserts: up, Removed: rm, Stats: e.prefix.Stats(), Recycling: e.prefix.Recycling(),
+		Counterfactual: e.alt.state(e.cfg)})
 }
 
 func remove[T comparable](s []T, v T) []T {
@@ -988,6 +1006,14 @@ func (e *Engine) Check() error {
 	}
 	if err := e.prefix.Check(); err != nil {
 		return err
+	}
+	if e.alt != nil {
+		if err := e.alt.c.Check(); err != nil {
+			return fmt.Errorf("counterfactual: %w", err)
+		}
+		if got, want := e.alt.c.Stats().QueryTokens, e.prefix.Stats().QueryTokens; got != want {
+			return fmt.Errorf("counterfactual looked up %d tokens, the prefix cache %d", got, want)
+		}
 	}
 	for _, id := range e.caches[0].SequenceIDs() {
 		if e.seqOwner[id] == nil {

@@ -242,6 +242,9 @@ type PrefixChanged struct {
 	Removed   []prefix.NodeID `json:"removed"`
 	Stats     prefix.Stats    `json:"stats"`
 	Recycling []int64         `json:"recycling"`
+	// Counterfactual is what the counterfactual prefix cache (the other eviction order) has
+	// matched so far; nil when it is off.
+	Counterfactual *Counterfactual `json:"counterfactual,omitempty"`
 }
 
 // HazardDetected fires when the engine sees something that MLC lets happen silently and that

@@ -91,6 +91,11 @@ type request struct {
 
 	extQueued bool // the prompt's prefix-cache extension has been queued
 
+	// alt is the request's sequence in the counterfactual prefix cache (-1: none) and
+	// altMatched what that cache matched of its window.
+	alt        int64
+	altMatched int
+
 	tailPos   int // next prompt position the tail prefill covers
 	generated int // tokens generated (the committed last prompt token counts)
 	streamed  int // tokens handed to the client (the committed one is not)

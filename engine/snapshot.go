@@ -26,6 +26,9 @@ type Snapshot struct {
 	Pages       pages.State   `json:"pages"`
 	Prefix      []prefix.Node `json:"prefix"` // the radix tree, depth first, root first
 	PrefixStats prefix.Stats  `json:"prefix_stats"`
+	// Counterfactual is what the prefix cache would have matched under the other eviction
+	// order; nil when that is off.
+	Counterfactual *Counterfactual `json:"counterfactual,omitempty"`
 	// Recycling lists the recycling sequences in the order the prefix cache will evict
 	// them, the next victim first.
 	Recycling []int64 `json:"recycling"`
@@ -89,7 +92,7 @@ type RequestView struct {
 // TakeEvents): the snapshot includes their effects.
 func (e *Engine) Snapshot() Snapshot {
 	p := snapshotParts{
-		cfg: e.cfg, stamp: e.stamp, cache: e.caches[0], prefix: e.prefix.Nodes(), stats: e.prefix.Stats(),
+		cfg: e.cfg, stamp: e.stamp, cache: e.caches[0], prefix: e.prefix.Nodes(), stats: e.prefix.Stats(), cf: e.alt.state(e.cfg),
 		recycling: e.prefix.Recycling(), metadata: e.metadata, hazards: e.hazards, lastMatch: e.lastMatch,
 		totals: e.totals, last: e.last, derived: e.Derived(),
 	}
@@ -119,6 +122,7 @@ type snapshotParts struct {
 	cache            *pages.Cache
 	prefix           []prefix.Node
 	stats            prefix.Stats
+	cf               *Counterfactual
 	recycling        []int64
 	metadata         []MetadataEmitted
 	hazards          []HazardDetected
@@ -133,21 +137,22 @@ type snapshotParts struct {
 
 func (p snapshotParts) build() Snapshot {
 	s := Snapshot{
-		Config:      p.cfg,
-		Stamp:       p.stamp,
-		Requests:    p.requests,
-		Waiting:     p.waiting,
-		Running:     p.running,
-		Pages:       p.cache.State(),
-		Prefix:      p.prefix,
-		PrefixStats: p.stats,
-		Recycling:   slices.Clone(p.recycling),
-		Owners:      p.owners,
-		Metadata:    slices.Clone(p.metadata),
-		Hazards:     slices.Clone(p.hazards),
-		Totals:      p.totals,
-		Last:        p.last,
-		Derived:     p.derived,
+		Config:         p.cfg,
+		Stamp:          p.stamp,
+		Requests:       p.requests,
+		Waiting:        p.waiting,
+		Running:        p.running,
+		Pages:          p.cache.State(),
+		Prefix:         p.prefix,
+		PrefixStats:    p.stats,
+		Recycling:      slices.Clone(p.recycling),
+		Counterfactual: p.cf.clone(),
+		Owners:         p.owners,
+		Metadata:       slices.Clone(p.metadata),
+		Hazards:        slices.Clone(p.hazards),
+		Totals:         p.totals,
+		Last:           p.last,
+		Derived:        p.derived,
 	}
 	if p.lastMatch != nil {
 		m := *p.lastMatch
@@ -231,6 +236,7 @@ type View struct {
 	cache     *pages.Cache
 	nodes     map[prefix.NodeID]prefix.Node
 	stats     prefix.Stats
+	cf        *Counterfactual
 	recycling []int64
 	owners    map[int64]string
 	kv        map[string]*kvProgress
@@ -268,6 +274,7 @@ func NewView(s Snapshot) (*View, error) {
 		running:   slices.Clone(s.Running),
 		nodes:     make(map[prefix.NodeID]prefix.Node, len(s.Prefix)),
 		stats:     s.PrefixStats,
+		cf:        s.Counterfactual.clone(),
 		recycling: slices.Clone(s.Recycling),
 		owners:    make(map[int64]string, len(s.Owners)),
 		kv:        make(map[string]*kvProgress),
@@ -347,6 +354,15 @@ func (v *View) Owner(seq int64) (string, bool) {
 
 // Recycling returns the recycling sequences, next evicted first.
 func (v *View) Recycling() []int64 { return v.recycling }
+
+// Counterfactual returns what the prefix cache would have matched under the other eviction
+// order, if the engine runs the counterfactual.
+func (v *View) Counterfactual() (Counterfactual, bool) {
+	if v.cf == nil {
+		return Counterfactual{}, false
+	}
+	return *v.cf, true
+}
 
 // PrefixStats returns the prefix cache's counters.
 func (v *View) PrefixStats() prefix.Stats { return v.stats }
@@ -475,7 +491,7 @@ func (v *View) refreshDerived() {
 // Snapshot returns the view's state in the engine's Snapshot form.
 func (v *View) Snapshot() Snapshot {
 	p := snapshotParts{
-		cfg: v.cfg, stamp: v.stamp, cache: v.cache, prefix: v.prefixNodes(), stats: v.stats,
+		cfg: v.cfg, stamp: v.stamp, cache: v.cache, prefix: v.prefixNodes(), stats: v.stats, cf: v.cf,
 		recycling: v.recycling, metadata: v.metadata, hazards: v.hazards, lastMatch: v.lastMatch,
 		totals: v.totals, last: v.last, derived: v.Derived(),
 		waiting: slices.Clone(v.waiting), running: slices.Clone(v.running),
@@ -763,6 +779,7 @@ func (v *View) apply(ev Event) error {
 		}
 		v.stats = e.Stats
 		v.recycling = append(v.recycling[:0], e.Recycling...)
+		v.cf = e.Counterfactual.clone()
 	case HazardDetected:
 		v.totals.Hazards[e.Hazard.Kind]++
 		if r := v.reqs[e.Hazard.ID]; r != nil && len(r.Hazards) < maxHazards {

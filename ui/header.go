@@ -98,15 +98,17 @@ func (m *Model) refreshHeader(w *world) {
 		used := total - free
 		text := fmt.Sprintf(" %s/%s used · %s free", humanize.Comma(int64(used)), humanize.Comma(int64(total)), humanize.Comma(int64(free)))
 		ps := v.PrefixStats()
-		hit := "-"
-		if ps.QueryTokens > 0 {
-			hit = fmt.Sprintf("%.0f%%", 100*float64(ps.HitTokens)/float64(ps.QueryTokens))
+		hit := ratio(ps.HitTokens, ps.QueryTokens, 0)
+		other, alt := "", ""
+		if cf, ok := v.Counterfactual(); ok {
+			other = fmt.Sprintf(" · %s would give %s", strings.ToUpper(cf.Order.String()), ratio(cf.Stats.HitTokens, cf.Stats.QueryTokens, 0))
+			alt = fmt.Sprintf(" (%s %s)", cf.Order, ratio(cf.Stats.HitTokens, cf.Stats.QueryTokens, 0))
 		}
-		extra := fmt.Sprintf(" · seqs %s · seq len %s · recycling %d · prefix hit %s (%s/%s tok)", humanize.Comma(int64(c.NumSequences())),
+		extra := fmt.Sprintf(" · seqs %s · seq len %s · recycling %d · prefix hit %s (%s/%s tok)%s", humanize.Comma(int64(c.NumSequences())),
 			humanize.Comma(int64(c.TotalSequenceLength())), len(v.Recycling()), hit,
-			humanize.Comma(int64(ps.HitTokens)), humanize.Comma(int64(ps.QueryTokens)))
+			humanize.Comma(int64(ps.HitTokens)), humanize.Comma(int64(ps.QueryTokens)), other)
 		if m.width-len("pages ")-ansi.StringWidth(text)-ansi.StringWidth(extra) < 16 {
-			extra = fmt.Sprintf(" · rec %d · hit %s", len(v.Recycling()), hit)
+			extra = fmt.Sprintf(" · rec %d · hit %s%s", len(v.Recycling()), hit, alt)
 		}
 		label := "pages "
 		barW := m.width - len(label) - ansi.StringWidth(text) - ansi.StringWidth(extra)
@@ -181,6 +183,14 @@ func rate(r float64) string {
 		return fmt.Sprintf("%.0f", r)
 	}
 	return fmt.Sprintf("%.1f", r)
+}
+
+// ratio writes part/whole as a percentage with prec decimals, "-" when whole is 0.
+func ratio(part, whole uint64, prec int) string {
+	if whole == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.*f%%", prec, 100*float64(part)/float64(whole))
 }
 
 // dur writes milliseconds compactly: 850ms, 12.3s, 4m05s, 2h03m.

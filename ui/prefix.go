@@ -155,16 +155,19 @@ func (p prefixPanel) render() string {
 	}
 	var b strings.Builder
 	ps := v.PrefixStats()
-	hit := "-"
-	if ps.QueryTokens > 0 {
-		hit = fmt.Sprintf("%.1f%%", 100*float64(ps.HitTokens)/float64(ps.QueryTokens))
+	hit := fmt.Sprintf("%s of %s tokens", ratio(ps.HitTokens, ps.QueryTokens, 1), humanize.Comma(int64(ps.QueryTokens)))
+	if cf, ok := v.Counterfactual(); ok {
+		hit += fmt.Sprintf(" (%s order would give %s)", cf.Order, ratio(cf.Stats.HitTokens, cf.Stats.QueryTokens, 1))
+	}
+	mode := v.Config().PrefixCache
+	if mode == "radix" {
+		mode += ", evicting in " + v.Config().EvictOrder.String() + " order"
 	}
 	b.WriteString(st.Heading.Render("Prefix tree"))
-	b.WriteString(fit(fmt.Sprintf(" %s nodes · %s recycling · hit %s (%s of %s tokens) · inserts %s, forks %s, reuses %s, evictions %s · mode %s",
+	b.WriteString(fit(fmt.Sprintf(" %s nodes · %s recycling · hit %s · inserts %s, forks %s, reuses %s, evictions %s · %s",
 		humanize.Comma(int64(p.nodes)), humanize.Comma(int64(len(v.Recycling()))), hit,
-		humanize.Comma(int64(ps.HitTokens)), humanize.Comma(int64(ps.QueryTokens)),
 		humanize.Comma(int64(ps.Inserts)), humanize.Comma(int64(ps.Forks)), humanize.Comma(int64(ps.Reuses)),
-		humanize.Comma(int64(ps.Evictions)), v.Config().PrefixCache), p.width-11))
+		humanize.Comma(int64(ps.Evictions)), mode), p.width-11))
 	b.WriteByte('\n')
 	last, hasLast := v.LastMatch()
 	if hasLast {

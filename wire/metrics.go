@@ -122,6 +122,7 @@ var (
 	descStuck        = desc("kvtop_stuck_requests", "Requests that need attention: blocked from admission, prepared past the age limit, or leaked.")
 	descBlockedTotal = desc("kvtop_prepare_blocked_total", "Prepare-receive blocked evaluations (a new reason or new numbers) by reason.", "reason")
 	descHitTokens    = desc("kvtop_prefix_hit_tokens_total", "Prompt tokens matched by the prefix cache.")
+	descAltHitTokens = desc("kvtop_prefix_counterfactual_hit_tokens_total", "Prompt tokens the counterfactual prefix cache matched: the same requests under the other eviction order (policy), tokens only.", "policy")
 	descQueryTokens  = desc("kvtop_prefix_query_tokens_total", "Prompt tokens looked up in the prefix cache.")
 	descSteps        = desc("kvtop_steps_total", "Engine steps by the action that did the work.", "action")
 	descHazards      = desc("kvtop_hazards_total", "Hazards detected by kind.", "kind")
@@ -148,7 +149,7 @@ type collector struct{ s *Server }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descUp, descPages, descSeqLen, descCapacity, descRequests, descBlocked,
-		descStuck, descBlockedTotal, descHitTokens, descQueryTokens, descSteps, descHazards, descArrived, descAdmitted,
+		descStuck, descBlockedTotal, descHitTokens, descAltHitTokens, descQueryTokens, descSteps, descHazards, descArrived, descAdmitted,
 		descStarted, descFinished, descAborted, descPreempted, descKVTokens, descGenerated, descRecycled,
 		descEvicted, descPaused, descRate, descClients, descDropped, descSent, descResyncs} {
 		ch <- d
@@ -206,6 +207,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ps := v.PrefixStats()
 	counter(descHitTokens, float64(ps.HitTokens))
 	counter(descQueryTokens, float64(ps.QueryTokens))
+	if cf, ok := v.Counterfactual(); ok {
+		counter(descAltHitTokens, float64(cf.Stats.HitTokens), cf.Order.String())
+	}
 	for a := range t.Actions {
 		counter(descSteps, float64(t.Actions[a]), engine.Action(a).String())
 	}

@@ -71,24 +71,25 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("pages by state add up to %v, want %d", total, snap.Pages.NumPages)
 	}
 	for key, want := range map[string]float64{
-		`kvtop_kv_pages{state="free"}`:                            float64(len(snap.Pages.Free)),
-		`kvtop_kv_pages{state="shared"}`:                          1,
-		`kvtop_kv_pages{state="recycling"}`:                       2,
-		`kvtop_kv_pages{state="awaiting-kv"}`:                     2,
-		`kvtop_kv_pages{state="leaked"}`:                          3,
-		`kvtop_requests{state="finished"}`:                        1,
-		`kvtop_requests{state="prepared"}`:                        1,
-		`kvtop_requests{state="aborted"}`:                         1,
-		`kvtop_hazards_total{kind="abort-leak"}`:                  1,
-		`kvtop_prefix_hit_tokens_total`:                           20,
-		`kvtop_requests_arrived_total`:                            3,
-		`kvtop_requests_finished_total`:                           1,
-		`kvtop_blocked_requests{reason="watermark"}`:              0,
-		`kvtop_stream_clients`:                                    0,
-		`kvtop_up`:                                                1,
-		`kvtop_engine_paused`:                                     1,
-		`kvtop_kv_capacity_tokens`:                                8192,
-		`kvtop_http_requests_total{code="200",route="prep_recv"}`: 3,
+		`kvtop_kv_pages{state="free"}`:                               float64(len(snap.Pages.Free)),
+		`kvtop_kv_pages{state="shared"}`:                             1,
+		`kvtop_kv_pages{state="recycling"}`:                          2,
+		`kvtop_kv_pages{state="awaiting-kv"}`:                        2,
+		`kvtop_kv_pages{state="leaked"}`:                             3,
+		`kvtop_requests{state="finished"}`:                           1,
+		`kvtop_requests{state="prepared"}`:                           1,
+		`kvtop_requests{state="aborted"}`:                            1,
+		`kvtop_hazards_total{kind="abort-leak"}`:                     1,
+		`kvtop_prefix_hit_tokens_total`:                              20,
+		`kvtop_prefix_counterfactual_hit_tokens_total{policy="lru"}`: 20, // nothing evicted: the same
+		`kvtop_requests_arrived_total`:                               3,
+		`kvtop_requests_finished_total`:                              1,
+		`kvtop_blocked_requests{reason="watermark"}`:                 0,
+		`kvtop_stream_clients`:                                       0,
+		`kvtop_up`:                                                   1,
+		`kvtop_engine_paused`:                                        1,
+		`kvtop_kv_capacity_tokens`:                                   8192,
+		`kvtop_http_requests_total{code="200",route="prep_recv"}`:    3,
 	} {
 		if got, ok := m[key]; !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v", key, got, ok, want)
