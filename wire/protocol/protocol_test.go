@@ -76,7 +76,7 @@ func sampleEvents() []engine.Event {
 		engine.PrefixChanged{Stamp: at,
 			Upserts: []prefix.Node{{ID: 5, Parent: 0, Order: 1, Depth: 16, Span: 16, Seqs: []prefix.SeqRef{{ID: 2, State: prefix.Recycling}}, Hits: 3}},
 			Removed: []prefix.NodeID{7}, Stats: prefix.Stats{QueryTokens: 77, HitTokens: 16, Inserts: 2, Forks: 1, Reuses: 1, Evictions: 1},
-			Recycling: []int64{2, 0}},
+			Recycling: []int64{2, 0}, Counterfactual: &engine.Counterfactual{Order: prefix.EvictLRU, Stats: prefix.Stats{QueryTokens: 77, HitTokens: 30, Inserts: 2, Forks: 1}}},
 		engine.HazardDetected{Stamp: at, Hazard: engine.Hazard{Kind: engine.HazardForkUnreceived, ID: "r-1", Seq: 4, Parent: "r-0",
 			ParentSeq: 2, Pos: 20, Unreceived: 4}},
 		engine.StepCompleted{Stamp: at, Action: engine.ActionDecode, Admitted: 1, Prefilled: 2, Decoded: 3, Preempted: 1,
