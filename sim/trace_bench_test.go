@@ -34,7 +34,16 @@ func BenchmarkTraceReplay(b *testing.B) {
 	for b.Loop() {
 		cfg := engine.DefaultConfig()
 		sc.Configure(&cfg)
-		// Knobs for exploring by hand: the cache size and the recycling cap.
+		// Knobs for exploring by hand: the eviction order, the counterfactual, the cache size
+		// and the recycling cap.
+		if v := os.Getenv("KVTOP_TRACE_EVICT"); v != "" {
+			if err := cfg.EvictOrder.UnmarshalText([]byte(v)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if os.Getenv("KVTOP_TRACE_COUNTERFACTUAL") == "off" {
+			cfg.Counterfactual = false
+		}
 		if v := os.Getenv("KVTOP_TRACE_RECYCLING"); v != "" {
 			fmt.Sscan(v, &cfg.MaxRecycling)
 		}
@@ -73,6 +82,9 @@ func BenchmarkTraceReplay(b *testing.B) {
 		ps := e.Prefix().Stats()
 		tot := e.Totals()
 		b.ReportMetric(float64(ps.HitTokens)/float64(ps.QueryTokens)*100, "hit%")
+		if cf := e.Snapshot().Counterfactual; cf != nil {
+			b.ReportMetric(float64(cf.Stats.HitTokens)/float64(cf.Stats.QueryTokens)*100, "other-order-hit%")
+		}
 		b.ReportMetric(ReuseBound(recs)*100, "bound%")
 		b.ReportMetric(ls.Now().Seconds()/wall.Seconds(), "x-realtime")
 		b.ReportMetric(float64(tot.Finished), "finished")
