@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvtop/kvtop/engine/prefix"
 )
 
 // The command line refuses bad flags with a clear message and status 2, before anything
@@ -21,6 +23,7 @@ func TestBadFlagsAreClearErrors(t *testing.T) {
 		{[]string{"--prefix-cache", "lru"}, `prefix cache mode "lru"`},
 		{[]string{"--max-recycling", "-7"}, "max recycling -7"},
 		{[]string{"--watermark", "-1"}, "watermark -1"},
+		{[]string{"--evict-order", "fifo"}, `--evict-order "fifo": want mlc or lru`},
 		{[]string{"--arena", "32x8"}, `--arena "32x8"`},
 		{[]string{"--arena", "80x64x128"}, "over the limit"},
 		{[]string{"--steps-per-sec", "-1"}, "--steps-per-sec -1"},
@@ -51,6 +54,7 @@ func TestHelpAndVersion(t *testing.T) {
 		{[]string{"help"}, "kvtop serve"},
 		{[]string{"--help"}, "kvtop replay FILE"},
 		{[]string{"--help"}, "-max-num-seq"},
+		{[]string{"--help"}, "-evict-order"},
 		{[]string{"-h"}, "recycle-stall"},
 	} {
 		var out, errb bytes.Buffer
@@ -90,9 +94,15 @@ func TestScenarioSettingsYieldToFlags(t *testing.T) {
 	if dc.engine.MaxTotalSequenceLength != 8192 || dc.engine.MaxRecycling != 0 || dc.rate != demoStepsPerSec {
 		t.Errorf("watermark scenario: max total %d, recycling %d, rate %v; want 8192, 0, %d", dc.engine.MaxTotalSequenceLength, dc.engine.MaxRecycling, dc.rate, demoStepsPerSec)
 	}
-	dc, err = parseDashboard([]string{"--scenario", "watermark", "--max-total-seq-len", "16384", "--steps-per-sec", "0"}, &bytes.Buffer{})
+	if dc.engine.EvictOrder != prefix.EvictMLC {
+		t.Errorf("default eviction order %v, want mlc (MLC's own)", dc.engine.EvictOrder)
+	}
+	dc, err = parseDashboard([]string{"--scenario", "watermark", "--max-total-seq-len", "16384", "--steps-per-sec", "0", "--evict-order", "lru"}, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if dc.engine.EvictOrder != prefix.EvictLRU {
+		t.Errorf("--evict-order lru: %v", dc.engine.EvictOrder)
 	}
 	if dc.engine.MaxTotalSequenceLength != 16384 || dc.rate != 0 {
 		t.Errorf("with flags: max total %d, rate %v; want 16384, 0", dc.engine.MaxTotalSequenceLength, dc.rate)
