@@ -92,6 +92,8 @@ func (c Condition) String() string {
 
 // RequestStatus is what derivation says of one request.
 type RequestStatus struct {
+	// Pages is how many pages the request's sequence uses; -1 when it holds none.
+	Pages     int
 	State     RequestState
 	Condition Condition
 	// Blocked is why a waiting request is not admitted: its own reason at the head of the
@@ -101,8 +103,6 @@ type RequestStatus struct {
 	// for longer than the prepared-age limit (its KV or its start_generate never came), or
 	// leaked.
 	Stuck bool
-	// Pages is how many pages the request's sequence uses; -1 when it holds none.
-	Pages int
 	// Hazardous says a hazard was flagged on the request.
 	Hazardous bool
 }
@@ -165,24 +165,31 @@ func (e engineSource) recycling() []int64  { return e.e.prefix.Recycling() }
 func (e engineSource) numRecycling() int   { return e.e.prefix.NumRecycling() }
 
 func (e engineSource) facts(dst []facts) []facts {
-	for _, r := range e.e.order {
-		dst = append(dst, engineFacts(r))
+	n := len(dst)
+	dst = slices.Grow(dst, len(e.e.order))[:n+len(e.e.order)]
+	for i, r := range e.e.order {
+		engineFacts(r, &dst[n+i])
 	}
 	return dst
 }
 
-func engineFacts(r *request) facts {
-	f := facts{state: r.state, leaked: r.leaked, evaluated: r.eval != nil, hazardous: len(r.hazards) > 0,
-		pending: r.pending, admitted: r.admitted.At}
+// engineFacts reads a request's facts into f, field by field (see classifier.status).
+func engineFacts(r *request, f *facts) {
+	f.state, f.leaked, f.evaluated, f.hazardous = r.state, r.leaked, r.eval != nil, len(r.hazards) > 0
+	f.pending, f.admitted, f.reason = r.pending, r.admitted.At, prepare.ReasonNone
 	if r.eval != nil {
 		f.reason = r.eval.Reason
 	}
-	return f
 }
 
+// holds: a live request always holds its own sequence (only a recycling one, an ended
+// request's, is ever taken over), so only an ended one's is looked up.
 func (e engineSource) holds(i int) (int64, bool) {
 	r := e.e.order[i]
-	return r.seq, r.seq >= 0 && e.e.seqOwner[r.seq] == r
+	if r.seq < 0 {
+		return r.seq, false
+	}
+	return r.seq, !r.state.Ended() || e.e.seqOwner[r.seq] == r
 }
 
 func (e engineSource) reserved(i int) ([]pages.Run, []int) {
@@ -200,13 +207,15 @@ func (v viewSource) recycling() []int64  { return v.v.recycling }
 func (v viewSource) numRecycling() int   { return len(v.v.recycling) }
 
 func (v viewSource) facts(dst []facts) []facts {
-	for _, r := range v.v.order {
-		f := facts{state: r.State, leaked: r.Leaked, evaluated: r.Eval != nil, hazardous: len(r.Hazards) > 0,
-			pending: r.Pending, admitted: r.Admitted.At}
+	n := len(dst)
+	dst = slices.Grow(dst, len(v.v.order))[:n+len(v.v.order)]
+	for i, r := range v.v.order {
+		f := &dst[n+i]
+		f.state, f.leaked, f.evaluated, f.hazardous = r.State, r.Leaked, r.Eval != nil, len(r.Hazards) > 0
+		f.pending, f.admitted, f.reason = r.Pending, r.Admitted.At, prepare.ReasonNone
 		if r.Eval != nil {
 			f.reason = r.Eval.Reason
 		}
-		dst = append(dst, f)
 	}
 	return dst
 }
@@ -215,6 +224,9 @@ func (v viewSource) holds(i int) (int64, bool) {
 	r := v.v.order[i]
 	if r.Seq < 0 {
 		return r.Seq, false
+	}
+	if !r.State.Ended() {
+		return r.Seq, true
 	}
 	id, ok := v.v.owners[r.Seq]
 	return r.Seq, ok && id == r.ID
@@ -241,61 +253,88 @@ func newClassifier(cfg Config, now int64) classifier {
 	return classifier{limit: cfg.PreparedAgeLimit.Milliseconds(), now: now}
 }
 
-// status is the status of the next request of the table.
-func (c *classifier) status(f facts) RequestStatus {
-	st := RequestStatus{State: f.state, Pages: -1, Hazardous: f.hazardous}
+// status derives the status of the next request of the table into st. (It assigns the
+// fields one by one, in registers: building the value whole and returning it makes the
+// compiler store it at once and read it back by fields, which stalls.)
+func (c *classifier) status(f *facts, st *RequestStatus) {
+	cond, blocked, stuck := CondFinished, prepare.ReasonNone, false
 	switch f.state {
 	case StateWaiting:
 		if !c.headSeen {
 			c.headSeen, c.headBlocked = true, f.evaluated
 		}
-		st.Condition = CondWaiting
+		cond = CondWaiting
 		switch {
 		case f.evaluated:
-			st.Blocked = f.reason
+			blocked = f.reason
 		case c.headBlocked:
-			st.Blocked = prepare.ReasonHeadOfLine
+			blocked = prepare.ReasonHeadOfLine
 		}
-		if st.Blocked != prepare.ReasonNone {
-			st.Condition, st.Stuck = CondBlocked, true
+		if blocked != prepare.ReasonNone {
+			cond, stuck = CondBlocked, true
 		}
-	case StatePrepared, StateKVComplete:
-		st.Condition = CondPrepared
-		if f.state == StateKVComplete {
-			st.Condition = CondKVComplete
-		}
-		st.Stuck = c.limit > 0 && c.now-f.admitted >= c.limit
+	case StatePrepared:
+		cond, stuck = CondPrepared, c.preparedStuck(f)
+	case StateKVComplete:
+		cond, stuck = CondKVComplete, c.preparedStuck(f)
 	case StateRunning:
-		st.Condition = CondRunning
+		cond = CondRunning
 		if f.pending > 0 {
-			st.Condition = CondPrefilling
+			cond = CondPrefilling
 		}
-	case StateFinished:
-		st.Condition = CondFinished
 	case StatePreempted:
-		st.Condition = CondPreempted
+		cond = CondPreempted
 	case StateAborted:
-		st.Condition = CondAborted
+		cond = CondAborted
 	}
 	if f.leaked {
-		st.Condition, st.Stuck = CondLeaked, true
+		cond, stuck = CondLeaked, true
 	}
-	return st
+	st.Pages = -1
+	st.State, st.Condition, st.Blocked, st.Stuck, st.Hazardous = f.state, cond, blocked, stuck, f.hazardous
 }
 
-// statuses derives every request's status from its facts, in table order, into dst. Pages
-// come from pm when it is given.
-func statuses(cfg Config, now int64, fs []facts, pm *PageMap, dst []RequestStatus) []RequestStatus {
-	dst = dst[:0]
+// preparedStuck says whether a prepared request has been prepared for too long: its KV or
+// its start_generate never came.
+func (c *classifier) preparedStuck(f *facts) bool {
+	return c.limit > 0 && c.now-f.admitted >= c.limit
+}
+
+// retime updates statuses derived earlier from the same facts for a later time: only a
+// prepared request's stuckness depends on the clock. It returns the change in the stuck
+// count.
+func retime(cfg Config, now int64, fs []facts, sts []RequestStatus) int {
 	c := newClassifier(cfg, now)
-	for i, f := range fs {
-		st := c.status(f)
-		if pm != nil {
-			if p, ok := pm.RequestPages(i); ok {
-				st.Pages = p
+	delta := 0
+	for i := range sts {
+		st := &sts[i]
+		if st.Condition != CondPrepared && st.Condition != CondKVComplete {
+			continue
+		}
+		if stuck := c.preparedStuck(&fs[i]); stuck != st.Stuck {
+			st.Stuck = stuck
+			if stuck {
+				delta++
+			} else {
+				delta--
 			}
 		}
-		dst = append(dst, st)
+	}
+	return delta
+}
+
+// statuses derives every request's status from its facts, in table order, into dst, and
+// tallies them into t. Pages come from pm when it is given.
+func statuses(cfg Config, now int64, fs []facts, pm *PageMap, dst []RequestStatus, t *tally) []RequestStatus {
+	dst = slices.Grow(dst[:0], len(fs))[:len(fs)]
+	c := newClassifier(cfg, now)
+	for i := range fs {
+		st := &dst[i]
+		c.status(&fs[i], st)
+		if pm != nil && i < len(pm.reqSeq) && pm.reqSeq[i] >= 0 {
+			st.Pages = int(pm.seqPages[pm.reqSeq[i]])
+		}
+		t.add(st)
 	}
 	return dst
 }
@@ -303,7 +342,7 @@ func statuses(cfg Config, now int64, fs []facts, pm *PageMap, dst []RequestStatu
 // tally counts statuses into a Derived.
 type tally struct{ d Derived }
 
-func (t *tally) add(st RequestStatus) {
+func (t *tally) add(st *RequestStatus) {
 	t.d.Requests[st.State]++
 	t.d.Conditions[st.Condition]++
 	t.d.BlockedBy[st.Blocked]++
@@ -335,22 +374,15 @@ func (t *tally) done(src source, pm *PageMap) Derived {
 	return d
 }
 
-// derive counts what the statuses and the page map say.
-func derive(src source, sts []RequestStatus, pm *PageMap) Derived {
-	var t tally
-	for _, st := range sts {
-		t.add(st)
-	}
-	return t.done(src, pm)
-}
-
 // all derives everything of an engine, the page map included.
 func (e *Engine) derive() Derived {
 	src := engineSource{e}
 	fs := src.facts(nil)
 	var pm PageMap
 	pm.build(src, fs)
-	return derive(src, statuses(e.cfg, src.now(), fs, &pm, nil), &pm)
+	var t tally
+	statuses(e.cfg, src.now(), fs, &pm, nil, &t)
+	return t.done(src, &pm)
 }
 
 // counts derives the gauges a step closes with: the same classification and tally as
@@ -358,8 +390,14 @@ func (e *Engine) derive() Derived {
 func (e *Engine) counts() Counts {
 	c := newClassifier(e.cfg, e.stamp.At)
 	var t tally
+	var (
+		f  facts
+		st RequestStatus
+	)
 	for _, r := range e.order {
-		t.add(c.status(engineFacts(r)))
+		engineFacts(r, &f)
+		c.status(&f, &st)
+		t.add(&st)
 	}
 	return t.done(engineSource{e}, nil).Counts
 }
@@ -383,8 +421,10 @@ type PageMap struct {
 	// the role of the last one seen, and the block's pages.
 	users, nonRec, blockPages []int32
 	lastRole                  []seqRole
-	roles                     []seqRole       // by index in seqs
-	listed                    map[int64]int32 // index in seqs by sequence id
+	roles                     []seqRole // by index in seqs
+	// listed is the index in seqs by sequence id, -1 when not listed (sequence ids are
+	// small: the engine hands freed ones out again).
+	listed []int32
 }
 
 // seqRole is who holds a sequence, as far as its pages are concerned.
@@ -515,20 +555,35 @@ func (pm *PageMap) build(src source, fs []facts) {
 	}
 }
 
+// index returns the index in seqs of a listed sequence, or -1.
+func (pm *PageMap) index(seq int64) int32 {
+	if seq < 0 || seq >= int64(len(pm.listed)) {
+		return -1
+	}
+	return pm.listed[seq]
+}
+
+// unlist forgets which sequences are listed.
+func (pm *PageMap) unlist() {
+	for _, s := range pm.seqs {
+		pm.listed[s] = -1
+	}
+}
+
 // listSeqs lists the cache's sequences, their block chains and roles, from the table's
 // requests and the recycling list, which hold them all (the engine keeps a leaked request
 // while its sequence lives), noting which request holds which. Should the list ever miss
 // one, it falls back to the cache's own list, which costs a sort.
 func (pm *PageMap) listSeqs(src source, fs []facts) {
 	c := src.cache()
+	pm.unlist()
 	pm.seqs, pm.reqSeq, pm.roles = pm.seqs[:0], pm.reqSeq[:0], pm.roles[:0]
 	pm.chainAt, pm.chains = pm.chainAt[:0], pm.chains[:0]
-	if pm.listed == nil {
-		pm.listed = make(map[int64]int32)
-	}
-	clear(pm.listed)
 	add := func(seq int64, role seqRole) int32 {
-		if i, ok := pm.listed[seq]; ok {
+		if seq < 0 {
+			return -1
+		}
+		if i := pm.index(seq); i >= 0 {
 			return i
 		}
 		at := len(pm.chains)
@@ -538,6 +593,9 @@ func (pm *PageMap) listSeqs(src source, fs []facts) {
 			return -1
 		}
 		i := int32(len(pm.seqs))
+		for int64(len(pm.listed)) <= seq {
+			pm.listed = append(pm.listed, -1)
+		}
 		pm.listed[seq] = i
 		pm.chainAt = append(pm.chainAt, int32(at))
 		pm.seqs = append(pm.seqs, seq)
@@ -568,7 +626,7 @@ func (pm *PageMap) listSeqs(src source, fs []facts) {
 		for i, s := range pm.seqs {
 			roles[s] = pm.roles[i]
 		}
-		clear(pm.listed)
+		pm.unlist()
 		pm.seqs, pm.roles, pm.chainAt, pm.chains = pm.seqs[:0], pm.roles[:0], pm.chainAt[:0], pm.chains[:0]
 		for _, s := range c.SequenceIDs() {
 			add(s, roles[s])
@@ -576,9 +634,7 @@ func (pm *PageMap) listSeqs(src source, fs []facts) {
 		for j := range fs {
 			pm.reqSeq[j] = -1
 			if seq, ok := src.holds(j); ok {
-				if i, ok := pm.listed[seq]; ok {
-					pm.reqSeq[j] = i
-				}
+				pm.reqSeq[j] = pm.index(seq)
 			}
 		}
 	}

@@ -214,7 +214,7 @@ func TestViewDerivesWhatTheEngineDoes(t *testing.T) {
 		fs := src.facts(nil)
 		var pm PageMap
 		pm.build(src, fs)
-		want := statuses(cfg, src.now(), fs, &pm, nil)
+		want := statuses(cfg, src.now(), fs, &pm, nil, &tally{})
 		for i, st := range v.Statuses() {
 			if st != want[i] {
 				t.Fatalf("step %d: %s: the view says %+v, the engine %+v", e.StepNumber(), e.order[i].id, st, want[i])
@@ -310,4 +310,65 @@ func BenchmarkPageMap(b *testing.B) {
 			referencePages(e)
 		}
 	})
+}
+
+// BenchmarkStatuses derives every request's status and the counts of the 10,000-request
+// instance, as a View does after each change (the page map aside).
+func BenchmarkStatuses(b *testing.B) {
+	e := bigEngine(b)
+	v, err := NewView(e.Snapshot())
+	if err != nil {
+		b.Fatal(err)
+	}
+	v.PageMap()
+	b.ReportAllocs()
+	for b.Loop() {
+		v.version++
+		v.requestsVersion++
+		v.refreshDerived()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(v.order)), "ns/request")
+}
+
+// A prepared request becomes stuck with time. A View that then sees only step summaries
+// derives again only what the clock can change, and still says what the engine says, step
+// after step.
+func TestStuckWithTime(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.PreparedAgeLimit = time.Second
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.UnixMilli(1_000_000)
+	if err := e.PrepRecv(now, PrepRecv{ID: "p", Prompt: make([]int32, 40), End: -1, HasEnd: true}); err != nil {
+		t.Fatal(err)
+	}
+	e.TakeEvents()
+	v, err := NewView(e.Snapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	became, clockOnly := 0, 0
+	for i := range 30 {
+		now = now.Add(100 * time.Millisecond)
+		before := v.requestsVersion
+		for _, ev := range e.Step(now).Events {
+			if err := v.Apply(ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got, want := v.Derived(), e.Derived(); got != want {
+			t.Fatalf("step %d: the view derives %+v, the engine %+v", i+1, got, want)
+		}
+		if v.requestsVersion == before {
+			clockOnly++
+		}
+		if st, _ := v.StatusOf("p"); st.Stuck && became == 0 {
+			became = i + 1
+		}
+	}
+	if became == 0 || clockOnly < 15 {
+		t.Fatalf("stuck from step %d, %d steps moved only the clock; want both", became, clockOnly)
+	}
 }

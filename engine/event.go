@@ -336,9 +336,9 @@ var registry = [...]kindInfo{
 	kind("request_finished", func(e RequestFinished) string { return e.ID }, onTimeline|movesPages),
 	kind("request_aborted", func(e RequestAborted) string { return e.ID }, onTimeline|movesPages),
 	kind("request_retired", func(e RequestRetired) string { return e.ID }, movesPages),
-	kind[PrefixChanged]("prefix_changed", nil, 0),
+	kind[PrefixChanged]("prefix_changed", nil, leavesRequests),
 	kind("hazard_detected", func(e HazardDetected) string { return e.Hazard.ID }, onTimeline),
-	kind[StepCompleted]("step_completed", nil, 0),
+	kind[StepCompleted]("step_completed", nil, leavesRequests),
 }
 
 // kindFlags say how the events of a kind are treated.
@@ -354,6 +354,10 @@ const (
 	// movesPages marks the kinds that can change what the page map derives (the cache, the
 	// recycling list, a request's sequence, state or KV): the others leave it be.
 	movesPages
+	// leavesRequests marks the kinds that change nothing derivation reads of the requests
+	// (their table, states, evaluations, hazards, tails): after them only the clock has
+	// moved for the requests' statuses.
+	leavesRequests
 )
 
 // kindInfo is one row of the registry.
@@ -404,6 +408,13 @@ func init() {
 }
 
 func infoOf(ev Event) *kindInfo { return kindByType[reflect.TypeOf(ev)] }
+
+// leavesRequestsOf says whether an event leaves what derivation reads of the requests as it
+// was.
+func leavesRequestsOf(ev Event) bool {
+	k := infoOf(ev)
+	return k != nil && k.flags&leavesRequests != 0
+}
 
 // movesPagesOf says whether an event can change what the page map derives.
 func movesPagesOf(ev Event) bool {

@@ -250,15 +250,20 @@ type View struct {
 	// What is derived from the view (derive.go), kept until what it depends on changes:
 	// the page map until an event that moves pages, the rest until any event.
 	pagesVersion uint64
-	fs           []facts
-	fsVersion    uint64
-	pm           PageMap
-	pmVersion    uint64
-	sts          []RequestStatus
-	derived      Derived
-	dVersion     uint64
-	stsIndex     map[string]int // index in sts by request id, when asked for
-	idxVersion   uint64
+	// requestsVersion changes with every event that can change what derivation reads of
+	// the requests; the others (step summaries, prefix-tree changes) move only the clock.
+	requestsVersion uint64
+	fs              []facts
+	fsVersion       uint64
+	pm              PageMap
+	pmVersion       uint64
+	sts             []RequestStatus
+	derived         Derived
+	dVersion        uint64
+	dRequests       uint64 // requestsVersion and pagesVersion when derived was built
+	dPages          uint64
+	stsIndex        map[string]int // index in sts by request id, when asked for
+	idxVersion      uint64
 }
 
 // NewView builds a view from a snapshot.
@@ -284,7 +289,8 @@ func NewView(s Snapshot) (*View, error) {
 		last:      s.Last,
 		version:   1,
 
-		pagesVersion: 1,
+		pagesVersion:    1,
+		requestsVersion: 1,
 	}
 	if s.LastMatch != nil {
 		m := *s.LastMatch
@@ -435,11 +441,11 @@ func (v *View) PageMap() *PageMap {
 	return &v.pm
 }
 
-// facts returns the requests' facts as of the view's version.
+// facts returns the requests' facts, gathered again only when an event may have changed them.
 func (v *View) facts() []facts {
-	if v.fsVersion != v.version {
+	if v.fsVersion != v.requestsVersion {
 		v.fs = viewSource{v}.facts(v.fs[:0])
-		v.fsVersion = v.version
+		v.fsVersion = v.requestsVersion
 	}
 	return v.fs
 }
@@ -454,7 +460,7 @@ func (v *View) Statuses() []RequestStatus {
 // StatusOf returns one request's status.
 func (v *View) StatusOf(id string) (RequestStatus, bool) {
 	v.refreshDerived()
-	if v.idxVersion != v.version || v.stsIndex == nil {
+	if v.idxVersion != v.requestsVersion || v.stsIndex == nil {
 		if v.stsIndex == nil {
 			v.stsIndex = make(map[string]int, len(v.order))
 		}
@@ -462,7 +468,7 @@ func (v *View) StatusOf(id string) (RequestStatus, bool) {
 		for i, r := range v.order {
 			v.stsIndex[r.ID] = i
 		}
-		v.idxVersion = v.version
+		v.idxVersion = v.requestsVersion
 	}
 	i, ok := v.stsIndex[id]
 	if !ok {
@@ -479,12 +485,20 @@ func (v *View) Derived() Derived {
 }
 
 func (v *View) refreshDerived() {
-	if v.dVersion == v.version {
+	switch {
+	case v.dVersion == v.version:
 		return
+	case v.dRequests == v.requestsVersion && v.dPages == v.pagesVersion && v.sts != nil:
+		// Only the clock moved (an idle engine's steps): only prepared requests can have
+		// become stuck.
+		v.derived.Stuck += retime(v.cfg, v.stamp.At, v.facts(), v.sts)
+	default:
+		pm := v.PageMap()
+		var t tally
+		v.sts = statuses(v.cfg, v.stamp.At, v.facts(), pm, v.sts, &t)
+		v.derived = t.done(viewSource{v}, pm)
+		v.dRequests, v.dPages = v.requestsVersion, v.pagesVersion
 	}
-	pm := v.PageMap()
-	v.sts = statuses(v.cfg, v.stamp.At, v.facts(), pm, v.sts)
-	v.derived = derive(viewSource{v}, v.sts, pm)
 	v.dVersion = v.version
 }
 
@@ -552,6 +566,9 @@ func (v *View) Apply(ev Event) error {
 	v.version++
 	if movesPagesOf(ev) {
 		v.pagesVersion++
+	}
+	if !leavesRequestsOf(ev) {
+		v.requestsVersion++
 	}
 	if id, coalesce, ok := markOf(ev); ok {
 		if r := v.reqs[id]; r != nil {
