@@ -19,8 +19,9 @@ import (
 )
 
 // metrics are the server's own counters, and the engine's state as /metrics reads it: a
-// View folded from a subscription of its own, so a scrape takes no snapshot and says what
-// the dashboard would.
+// View folded from a subscription of its own, so a scrape says what the dashboard would.
+// The subscription is read only when scraped: between scrapes it costs the engine an append
+// to its mailbox (until its backlog fills; then the next scrape starts from a snapshot).
 type metrics struct {
 	clients       atomic.Int64
 	droppedEvents atomic.Int64
@@ -28,36 +29,35 @@ type metrics struct {
 	resyncs       atomic.Int64
 	http          *prometheus.CounterVec
 
-	mu   sync.Mutex
-	sub  *runner.Subscription
-	view *engine.View // nil until the first snapshot, and after an event that did not fit
+	mu     sync.Mutex
+	sub    *runner.Subscription // made at the first scrape
+	closed bool
+	view   *engine.View // nil until the first snapshot, and after an event that did not fit
 }
 
-// follow folds the engine's updates into the metrics' View until ctx ends or the runner
-// stops, so that its mailbox never backs up between scrapes.
-func (m *metrics) follow(ctx context.Context, r *runner.Runner) {
-	sub := r.Subscribe()
+// close ends the metrics' subscription.
+func (m *metrics) close() {
 	m.mu.Lock()
-	m.sub = sub
-	m.mu.Unlock()
-	defer func() {
-		m.mu.Lock()
+	defer m.mu.Unlock()
+	m.closed = true
+	if m.sub != nil {
+		m.sub.Close()
 		m.sub = nil
-		m.mu.Unlock()
-		sub.Close()
-	}()
-	whenSignalled(ctx, sub.C(), func() {
-		m.mu.Lock()
-		m.catchUp()
-		m.mu.Unlock()
-	})
+	}
 }
 
-// catchUp folds what the subscription has pending. An event that does not fit the View
-// drops it and asks for a fresh snapshot. m.mu is held.
-func (m *metrics) catchUp() {
-	if m.sub != nil && !m.fold(m.sub.Take()) {
+// catchUp folds what the subscription has pending, subscribing at the first call. An event
+// that does not fit the View drops it and asks for a fresh snapshot. m.mu is held.
+func (m *metrics) catchUp(r *runner.Runner) {
+	if m.closed {
+		return
+	}
+	if m.sub == nil {
+		m.sub = r.Subscribe()
+	}
+	if !m.fold(m.sub.Take()) {
 		m.sub.Resync()
+		m.fold(m.sub.Take())
 	}
 }
 
@@ -179,7 +179,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	answered := s.r.Do(ctx, func(*engine.Engine, time.Time) error { return nil }) == nil
 	s.metrics.mu.Lock()
 	defer s.metrics.mu.Unlock()
-	s.metrics.catchUp()
+	if answered {
+		s.metrics.catchUp(s.r)
+	}
 	v := s.metrics.view
 	if v == nil || !answered {
 		gauge(descUp, 0)

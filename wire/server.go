@@ -188,14 +188,10 @@ func NewServer(r *runner.Runner, opts Options) *Server {
 	m := s.mux["/metrics"]
 	m.handler = s.metricsHandler()
 	s.mux["/metrics"] = m
-	s.conns.Add(2)
+	s.conns.Add(1)
 	go func() {
 		defer s.conns.Done()
 		s.trace.run(s.ctx, r)
-	}()
-	go func() {
-		defer s.conns.Done()
-		s.metrics.follow(s.ctx, r)
 	}()
 	return s
 }
@@ -277,6 +273,7 @@ func (s *Server) Close() {
 	s.mu.Unlock()
 	s.cancel()
 	s.conns.Wait()
+	s.metrics.close()
 }
 
 // config returns the engine's configuration, asked of the runner once.

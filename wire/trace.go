@@ -66,7 +66,7 @@ func (t *tracer) run(ctx context.Context, r *runner.Runner) {
 }
 
 // whenSignalled calls fn each time c is signalled, until c closes or ctx ends: the loop of
-// the server's in-process viewers (the tracer, the metrics).
+// the server's in-process viewer that follows every event (the tracer).
 func whenSignalled(ctx context.Context, c <-chan struct{}, fn func()) {
 	for {
 		select {
