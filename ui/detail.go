@@ -24,7 +24,9 @@ type detailPanel struct {
 	st       *Styles
 	styleGen int
 	keys     KeyMap
-	vp       viewport.Model
+	// vp is shared by the copies of the panel (a panel is a value, copied on every
+	// refresh; the viewport is 2.6 KB).
+	vp *viewport.Model
 
 	id            string
 	width, height int
@@ -59,7 +61,8 @@ func (p detailPanel) with(w *world, st *Styles, gen int) detailPanel {
 func (p *detailPanel) init() {
 	if p.keys.Up.Keys() == nil {
 		p.keys = DefaultKeyMap()
-		p.vp = newDetailViewport(p.keys)
+		vp := newDetailViewport(p.keys)
+		p.vp = &vp
 	}
 }
 
@@ -124,8 +127,8 @@ func (p detailPanel) Update(msg tea.Msg) (detailPanel, tea.Cmd) {
 			return p, nil
 		}
 	}
-	var cmd tea.Cmd
-	p.vp, cmd = p.vp.Update(msg)
+	vp, cmd := p.vp.Update(msg)
+	*p.vp = vp
 	return p, cmd
 }
 
