@@ -106,7 +106,9 @@ func (s *Server) startGenerate(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	var rv engine.RequestView
 	var found bool
-	if err := s.r.Do(ctx, func(e *engine.Engine, _ time.Time) error {
+	// Asked even if the client goes away meanwhile: StartGenerate then ends the request
+	// rather than leave it prepared.
+	if err := s.r.Do(context.WithoutCancel(ctx), func(e *engine.Engine, _ time.Time) error {
 		rv, found = e.Request(sg.ID)
 		return nil
 	}); err != nil {
@@ -173,6 +175,9 @@ func (s *Server) streamCompletion(ctx context.Context, w http.ResponseWriter, sg
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	send := func(v any) error {
+		// A reader that stops reading is let go after the write timeout, and its request
+		// aborted, instead of holding the handler and its tokens.
+		_ = rc.SetWriteDeadline(time.Now().Add(s.lim.WriteTimeout))
 		if _, err := fmt.Fprintf(w, "data: %s\n\n", mustJSON(v)); err != nil {
 			return err
 		}
@@ -211,6 +216,7 @@ func (s *Server) streamCompletion(ctx context.Context, w http.ResponseWriter, sg
 					return err
 				}
 			}
+			_ = rc.SetWriteDeadline(time.Now().Add(s.lim.WriteTimeout))
 			if _, err := io.WriteString(w, "data: [DONE]\n\n"); err != nil {
 				return err
 			}

@@ -45,6 +45,7 @@ const (
 	errMethod         = "method_not_allowed"
 	errUnsupported    = "unsupported"
 	errUnavailable    = "unavailable"
+	errBusy           = "busy"
 	errInternal       = "internal_error"
 )
 
@@ -70,6 +71,7 @@ var engineErrors = []struct {
 	{prepare.ErrBadMetadata, http.StatusBadRequest, "bad_metadata"},
 	{runner.ErrAborted, http.StatusConflict, "request_aborted"},
 	{runner.ErrStopped, http.StatusServiceUnavailable, errUnavailable},
+	{runner.ErrBusy, http.StatusServiceUnavailable, errBusy},
 	{context.DeadlineExceeded, http.StatusServiceUnavailable, errUnavailable},
 }
 
@@ -90,8 +92,11 @@ func classify(err error) *apiError {
 // writeError answers {"error": {"message", "type"}} with the error's status.
 func writeError(w http.ResponseWriter, err error) {
 	ae := classify(err)
-	if ae.status == http.StatusUnauthorized {
+	switch {
+	case ae.status == http.StatusUnauthorized:
 		w.Header().Set("WWW-Authenticate", `Bearer realm="kvtop"`)
+	case ae.typ == errBusy:
+		w.Header().Set("Retry-After", "1")
 	}
 	writeJSON(w, ae.status, struct {
 		Error protocol.ErrorBody `json:"error"`

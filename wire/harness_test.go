@@ -113,9 +113,12 @@ func (h *harness) call(ctx context.Context, method, path string, body []byte, hd
 	return resp.StatusCode, b
 }
 
+// jsonType is the header of a JSON call.
+var jsonType = map[string]string{"Content-Type": "application/json"}
+
 func (h *harness) post(path string, body any) (int, []byte) {
 	h.t.Helper()
-	return h.call(context.Background(), http.MethodPost, path, jsonBody(h.t, body), nil)
+	return h.call(context.Background(), http.MethodPost, path, jsonBody(h.t, body), jsonType)
 }
 
 func jsonBody(t *testing.T, body any) []byte {

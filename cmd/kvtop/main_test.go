@@ -16,11 +16,8 @@ func TestBadFlagsAreClearErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"--scenario", "nope"}, `unknown scenario "nope"`},
-		{[]string{"--page-size", "0"}, "page size 0"},
 		{[]string{"--max-total-seq-len", "8"}, "max_total_sequence_length 8"},
 		{[]string{"--prefix-cache", "lru"}, `prefix cache mode "lru"`},
-		{[]string{"--max-recycling", "-7"}, "max recycling -7"},
-		{[]string{"--watermark", "-1"}, "watermark -1"},
 		{[]string{"--arena", "32x8"}, `--arena "32x8"`},
 		{[]string{"--arena", "80x64x128"}, "over the limit"},
 		{[]string{"--steps-per-sec", "-1"}, "--steps-per-sec -1"},
