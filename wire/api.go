@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -259,25 +261,63 @@ func (s *Server) kv(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	body, err := readBody(w, r, s.lim.MaxKVBytes, "kv write")
+	g := KVGeometry{Models: cfg.Models, TokenBytes: cfg.Arena.TokenBytes(), Slots: int64(cfg.NumPages()) * int64(cfg.PageSize)}
+	md, off, tokens := r.Header.Get(HeaderKVMetadata), r.Header.Get(HeaderKVOffset), r.Header.Get(HeaderKVTokens)
+	// The headers first: a write they refuse costs no body (read whole, a body is memory).
+	limit, err := kvBodyLimit(md, off, tokens, r.ContentLength, g)
 	if err != nil {
 		return err
 	}
-	g := KVGeometry{Models: cfg.Models, TokenBytes: cfg.Arena.TokenBytes(), Slots: int64(cfg.NumPages()) * int64(cfg.PageSize)}
-	slots, err := ParseKVWrite(r.Header.Get(HeaderKVMetadata), r.Header.Get(HeaderKVOffset), r.Header.Get(HeaderKVTokens), int64(len(body)), g)
+	var body []byte
+	if limit > 0 {
+		body, err = readBody(w, r, min(limit, s.lim.MaxKVBytes), "kv write")
+	} else if n, _ := r.Body.Read(make([]byte, 1)); n > 0 {
+		// No arena and a body of unknown length: one byte says it is not empty.
+		err = errorf(http.StatusBadRequest, "bad_kv_write", "kv write: the engine keeps no KV payload (zero-sized arena), so the body must be empty")
+	}
+	if err != nil {
+		return err
+	}
+	_, first, n, err := parseKVRange(md, off, tokens, int64(len(body)), g)
 	if err != nil {
 		return err
 	}
 	var res engine.KVResult
 	if err := s.r.Do(ctx, func(e *engine.Engine, now time.Time) error {
 		var err error
-		res, err = e.ReceiveKV(now, slots, body)
+		res, err = e.WriteKV(now, engine.KVWrite{Metadata: md, Offset: int(first), Tokens: int(n), Payload: body})
 		return err
 	}); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, KVAnswer{Tokens: len(slots), Requests: nonNil(res.Requests), Complete: nonNil(res.Complete)})
+	writeJSON(w, http.StatusOK, KVAnswer{Tokens: int(n), Requests: nonNil(res.Requests), Complete: nonNil(res.Complete)})
 	return nil
+}
+
+// kvBodyLimit checks a KV write's headers before its body is read, and returns the most
+// body they allow. With the body's length known (Content-Length) every check is made on
+// it; without, the metadata and the range are checked on the length the headers imply.
+func kvBodyLimit(md, off, tokens string, contentLength int64, g KVGeometry) (int64, error) {
+	if contentLength >= 0 {
+		_, _, _, err := parseKVRange(md, off, tokens, contentLength, g)
+		return contentLength, err
+	}
+	per := int64(g.Models) * int64(g.TokenBytes)
+	if per == 0 {
+		_, _, _, err := parseKVRange(md, off, tokens, 0, g)
+		return 0, err
+	}
+	if tokens == "" {
+		// One token's worth checks the metadata and the offset; the body says how many.
+		_, _, _, err := parseKVRange(md, off, "1", per, g)
+		return math.MaxInt64, err
+	}
+	t, _ := strconv.ParseInt(tokens, 10, 64)
+	if t < 1 || t > g.Slots {
+		t = 0 // parseKVRange names what is wrong with the header
+	}
+	_, _, n, err := parseKVRange(md, off, tokens, t*per, g)
+	return n * per, err
 }
 
 func nonNil(s []string) []string {

@@ -61,6 +61,7 @@ var engineErrors = []struct {
 	{engine.ErrEnded, http.StatusConflict, "request_ended"},
 	{engine.ErrBadBegin, http.StatusBadRequest, "bad_begin"},
 	{engine.ErrBadKVWrite, http.StatusBadRequest, "bad_kv_write"},
+	{engine.ErrStaleKVWrite, http.StatusConflict, "stale_kv_write"},
 	{engine.ErrBadRequest, http.StatusBadRequest, errInvalidRequest},
 	{feed.ErrReadOnly, http.StatusForbidden, "read_only"},
 	{prepare.ErrBadWindow, http.StatusBadRequest, "bad_window"},

@@ -24,7 +24,9 @@ import (
 //	3: snapshots carry derived: the counts the dashboard and /metrics show, with the page
 //	   states prepared, awaiting-kv and partly-received; the event kinds are those of the
 //	   engine's registry.
-const Version = 3
+//	4: the stale-kv-write hazard (totals count six hazard kinds); hazards carry offset,
+//	   tokens and holder.
+const Version = 4
 
 // The frame types. The server sends hello first, then snapshot, then any of the others;
 // a client sends only the control types.
