@@ -19,20 +19,40 @@ import (
 // readBody reads a call's body up to limit bytes; beyond, 413.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64, call string) ([]byte, error) {
 	tooLarge := func() error {
+		drain(w, r)
 		return errorf(http.StatusRequestEntityTooLarge, errTooLarge, "%s: the body is over the limit of %d bytes", call, limit)
 	}
 	if r.ContentLength > limit {
 		return nil, tooLarge()
 	}
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, tooLarge()
-		}
 		return nil, errorf(http.StatusBadRequest, errInvalidRequest, "%s: reading the body: %v", call, err)
 	}
+	if int64(len(b)) > limit {
+		return nil, tooLarge()
+	}
 	return b, nil
+}
+
+// What drain reads of a refused body at most, and for how long.
+const (
+	drainBytes = 8 << 20
+	drainTime  = 2 * time.Second
+)
+
+// drain reads and discards the rest of a body that is refused for its size, up to a bound,
+// so that a client that sends its whole body before it reads the answer (most do) gets the
+// 413 rather than a connection reset. A body too large to drain is not read at all: the
+// connection closes after the answer.
+func drain(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength > drainBytes {
+		return
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(drainTime))
+	_, _ = io.CopyN(io.Discard, r.Body, drainBytes)
+	_ = rc.SetReadDeadline(time.Time{})
 }
 
 // PrepRecvAnswer is prep_recv's answer. MLC drops prompt_length at its HTTP layer; kvtop

@@ -244,6 +244,7 @@ func TestThreeCallFlowWithKVPayload(t *testing.T) {
 func (h *harness) sse(t *testing.T, body any) []wire.Completion {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, h.ts.URL+"/microserving/start_generate", bytes.NewReader(jsonBody(t, body)))
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := h.ts.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)

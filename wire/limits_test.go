@@ -1,6 +1,7 @@
 package wire_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -122,7 +123,7 @@ func TestPrepRecvBeyondMaxWaitingIs503(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	for i := range 2 {
-		go h.call(ctx, http.MethodPost, "/microserving/prep_recv", jsonBody(t, map[string]any{"user": fmt.Sprint("w", i), "prompt": prompt(40, int32(i)), "end": -1}), jsonType)
+		go h.call(ctx, http.MethodPost, "/microserving/prep_recv", jsonBody(t, map[string]any{"user": fmt.Sprint("w", i), "prompt": prompt(40, int32(i)), "end": -1}), nil)
 	}
 	waitFor(t, "two calls to wait", func() bool { return h.waiters().PrepRecv == 2 })
 	req, _ := http.NewRequest(http.MethodPost, h.ts.URL+"/microserving/prep_recv", strings.NewReader(`{"user":"x","prompt":[1,2,3],"end":-1}`))
@@ -140,5 +141,51 @@ func TestPrepRecvBeyondMaxWaitingIs503(t *testing.T) {
 	h.engine(func(e *engine.Engine) { _, known = e.Request("x") })
 	if known {
 		t.Errorf("the refused request reached the engine")
+	}
+}
+
+// A body over --max-body reaches a client that sends all of it before it reads (as
+// Python's urllib does) as the 413, not as a reset connection: the server reads and
+// discards the rest, within bounds, before it answers.
+func TestOversizedBodyIsAnsweredNotReset(t *testing.T) {
+	h := newHarness(t, setup{opts: func(o *wire.Options) { o.Limits.MaxBodyBytes = 4 << 10 }})
+	conn, err := net.Dial("tcp", h.ts.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"user":"A","prompt":"` + strings.Repeat("x", 6<<20) + `","end":-1}`
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(conn, "POST /microserving/prep_recv HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n",
+		h.ts.Listener.Addr(), len(body))
+	// A slow uploader: about a second for the body, longer than a server that does not
+	// read it waits before it resets the connection.
+	for rest := body; rest != ""; {
+		n := min(len(rest), 64<<10)
+		if _, err := io.WriteString(conn, rest[:n]); err != nil {
+			t.Fatalf("sending the 6 MB body: %v (the server closed before reading it)", err)
+		}
+		rest = rest[n:]
+		time.Sleep(10 * time.Millisecond)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("reading the answer: %v, want the 413", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(b), `"type":"too_large"`) {
+		t.Errorf("a 6 MB prep_recv over a 4 KiB limit = %d %s, want 413 too_large", resp.StatusCode, b)
+	}
+}
+
+// Ids up to 256 bytes, in any script, are taken as they are.
+func TestLongAndUnicodeIDsAreAccepted(t *testing.T) {
+	h := newHarness(t, setup{})
+	for i, id := range []string{strings.Repeat("i", wire.MaxIDBytes), "naïve-✓-请求-🙂", "a b/c:d"} {
+		h.prepRecv(id, prompt(40, int32(i)), -1, 2)
+		if rv := h.request(id); rv.ID != id {
+			t.Errorf("request %q is known as %q", id, rv.ID)
+		}
 	}
 }

@@ -4,11 +4,8 @@ import (
 	"bufio"
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	"net"
 	"net/http"
-	"net/url"
-	"strings"
 	"sync"
 	"time"
 
@@ -97,6 +94,9 @@ type Options struct {
 	// Token, when set, is required on every call and on the stream's handshake, as
 	// "Authorization: Bearer TOKEN".
 	Token string
+	// Hosts are the names besides loopback ones that a call's Host header may give when the
+	// server has no token: the listen address's host (guard.go).
+	Hosts []string
 	// Control lets stream clients pause, resume and step the engine.
 	Control bool
 	// Version names the server in the stream's hello ("kvtop 0.1.0").
@@ -150,6 +150,7 @@ type route struct {
 	method  string
 	name    string // the metrics label
 	handler func(http.ResponseWriter, *http.Request) error
+	json    bool // the body is JSON: Content-Type application/json required
 }
 
 // NewServer returns a server for r. It does not wait for r to run, but its tracer subscribes
@@ -172,16 +173,16 @@ func NewServer(r *runner.Runner, opts Options) *Server {
 	}
 	s.subscribe = func() source { return r.Subscribe() }
 	s.mux = map[string]route{
-		"/microserving/prep_recv":      {http.MethodPost, "prep_recv", s.prepRecv},
-		"/microserving/start_generate": {http.MethodPost, "start_generate", s.startGenerate},
-		"/microserving/remote_send":    {http.MethodPost, "remote_send", s.remoteSend},
-		"/v1/kv":                       {http.MethodPost, "kv", s.kv},
-		"/v1/snapshot":                 {http.MethodGet, "snapshot", s.snapshot},
-		"/v1/stream":                   {http.MethodGet, "stream", s.stream},
-		"/debug/abort":                 {http.MethodPost, "abort", s.abort},
-		"/debug/dump_event_trace":      {http.MethodPost, "dump_event_trace", s.dumpTrace},
-		"/healthz":                     {http.MethodGet, "healthz", s.healthz},
-		"/metrics":                     {http.MethodGet, "metrics", nil}, // set by newMetrics
+		"/microserving/prep_recv":      {http.MethodPost, "prep_recv", s.prepRecv, true},
+		"/microserving/start_generate": {http.MethodPost, "start_generate", s.startGenerate, true},
+		"/microserving/remote_send":    {http.MethodPost, "remote_send", s.remoteSend, false},
+		"/v1/kv":                       {http.MethodPost, "kv", s.kv, false},
+		"/v1/snapshot":                 {http.MethodGet, "snapshot", s.snapshot, false},
+		"/v1/stream":                   {http.MethodGet, "stream", s.stream, false},
+		"/debug/abort":                 {http.MethodPost, "abort", s.abort, true},
+		"/debug/dump_event_trace":      {http.MethodPost, "dump_event_trace", s.dumpTrace, false},
+		"/healthz":                     {http.MethodGet, "healthz", s.healthz, false},
+		"/metrics":                     {http.MethodGet, "metrics", nil, false}, // set by newMetrics
 	}
 	s.trace = newTracer(opts.TraceRequests)
 	s.registry, s.metrics = newMetrics(s)
@@ -212,6 +213,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 	defer func() { s.metrics.request(name, rec.status) }()
+	if err := s.checkHost(r); err != nil {
+		writeError(rec, err)
+		return
+	}
 	if !s.authorized(r) {
 		writeError(rec, errorf(http.StatusUnauthorized, errUnauthorized,
 			"%s %s: missing or wrong token: send the header \"Authorization: Bearer TOKEN\" with the server's --token", r.Method, r.URL.Path))
@@ -224,6 +229,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != rt.method && !(rt.method == http.MethodGet && r.Method == http.MethodHead) {
 		rec.Header().Set("Allow", rt.method)
 		writeError(rec, errorf(http.StatusMethodNotAllowed, errMethod, "%s %s: use %s", r.Method, r.URL.Path, rt.method))
+		return
+	}
+	if err := s.checkCall(r, rt); err != nil {
+		writeError(rec, err)
 		return
 	}
 	if err := rt.handler(rec, r); err != nil {
@@ -239,34 +248,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		writeError(rec, err)
 	}
-}
-
-// authorized compares the bearer token in constant time (hashes of equal length, so not
-// even the length leaks).
-func (s *Server) authorized(r *http.Request) bool {
-	if s.opts.Token == "" {
-		return true
-	}
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok {
-		return false
-	}
-	h := sha256.Sum256([]byte(got))
-	return subtle.ConstantTimeCompare(h[:], s.token[:]) == 1
-}
-
-// sameOrigin accepts a websocket handshake from a non-browser client (no Origin) or from a
-// page served by this host; a page elsewhere must not drive the engine from a browser.
-func sameOrigin(r *http.Request) bool {
-	origin := r.Header.Get("Origin")
-	if origin == "" {
-		return true
-	}
-	u, err := url.Parse(origin)
-	if err != nil {
-		return false
-	}
-	return strings.EqualFold(u.Host, r.Host)
 }
 
 // Close ends every stream connection and the tracer, and waits for them. Calls in flight

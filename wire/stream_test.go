@@ -201,6 +201,19 @@ func TestStreamControl(t *testing.T) {
 	if got := h.snapshot().Totals.Steps; got != before+3 {
 		t.Errorf("steps after step 3 while paused = %d, want %d", got, before+3)
 	}
+	// {"type":"step"} without n is one step (a raw client; the Go client always sends n).
+	raw, _, err := websocket.DefaultDialer.Dial(h.wsURL(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if err := raw.WriteMessage(websocket.TextMessage, []byte(`{"type":"step"}`)); err != nil {
+		t.Fatal(err)
+	}
+	takeUntil("one more step", func() bool { return v.view.Totals().Steps == before+4 })
+	if got := h.snapshot().Totals.Steps; got != before+4 {
+		t.Errorf(`steps after {"type":"step"} = %d, want one more: %d`, got, before+4)
+	}
 	if err := c.Control(feed.Control{Op: feed.ControlResume}); err != nil {
 		t.Fatal(err)
 	}

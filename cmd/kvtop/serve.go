@@ -270,6 +270,9 @@ func startServer(ctx context.Context, o serveOptions, stderr io.Writer) (*server
 	rctx, stopRun := context.WithCancel(context.Background())
 	go r.Run(rctx)
 	opts := wire.Options{Token: o.token, Control: o.control, Version: "kvtop " + version, Limits: o.limits, TraceRequests: o.trace}
+	if host, _, err := net.SplitHostPort(o.listen); err == nil && host != "" {
+		opts.Hosts = []string{host} // the name dashboards and routers were told to use
+	}
 	if o.verbose {
 		opts.Logf = log.New(stderr, "kvtop serve: ", log.LstdFlags).Printf
 	}

@@ -114,6 +114,7 @@ func TestServeAndAttach(t *testing.T) {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/microserving/prep_recv",
 				strings.NewReader(`{"user":"A","prompt":[1,2,3,4],"end":-1}`))
 			req.Header.Set("Authorization", "Bearer "+token)
+			req.Header.Set("Content-Type", "application/json")
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				return err
