@@ -28,9 +28,10 @@ type metrics struct {
 	resyncs       atomic.Int64
 	http          *prometheus.CounterVec
 
-	mu   sync.Mutex
-	sub  *runner.Subscription
-	view *engine.View // nil until the first snapshot, and after an event that did not fit
+	mu    sync.Mutex
+	sub   *runner.Subscription
+	view  *engine.View  // nil until the first snapshot, and after an event that did not fit
+	ready chan struct{} // closed once sub is set: a scrape before then waits for it
 }
 
 // follow folds the engine's updates into the metrics' View until ctx ends or the runner
@@ -40,6 +41,7 @@ func (m *metrics) follow(ctx context.Context, r *runner.Runner) {
 	m.mu.Lock()
 	m.sub = sub
 	m.mu.Unlock()
+	close(m.ready)
 	defer func() {
 		m.mu.Lock()
 		m.sub = nil
@@ -89,6 +91,7 @@ func (m *metrics) request(route string, status int) {
 
 func newMetrics(s *Server) (*prometheus.Registry, *metrics) {
 	m := &metrics{
+		ready: make(chan struct{}),
 		http: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvtop_http_requests_total",
 			Help: "HTTP calls answered, by endpoint and status code.",
@@ -176,6 +179,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(s.ctx, 2*time.Second)
 	defer cancel()
 	answered := s.r.Do(ctx, func(*engine.Engine, time.Time) error { return nil }) == nil
+	select { // the metrics' own subscription, just after the server started
+	case <-s.metrics.ready:
+	case <-ctx.Done():
+	}
 	s.metrics.mu.Lock()
 	defer s.metrics.mu.Unlock()
 	s.metrics.catchUp()

@@ -41,6 +41,12 @@ type Limits struct {
 	WriteTimeout time.Duration
 	// FrameEvents bounds the events in one events frame.
 	FrameEvents int
+	// ResyncInterval spaces the snapshots one stream client may ask for: requests within it
+	// are coalesced and answered, with the latest state, once it has passed.
+	ResyncInterval time.Duration
+	// MaxConnectsPerSec caps the stream's connection attempts a second (with as many in a
+	// burst); more are answered 503 with Retry-After.
+	MaxConnectsPerSec int
 }
 
 // DefaultLimits returns the limits kvtop serve starts with.
@@ -55,6 +61,10 @@ func DefaultLimits() Limits {
 		PingInterval:    20 * time.Second,
 		WriteTimeout:    10 * time.Second,
 		FrameEvents:     4096,
+		ResyncInterval:  time.Second,
+		// Enough for every dashboard of a team coming back after a restart (the client
+		// backs off and retries), few enough that connection churn costs nothing.
+		MaxConnectsPerSec: 20,
 	}
 }
 
@@ -85,6 +95,12 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.FrameEvents <= 0 {
 		l.FrameEvents = d.FrameEvents
+	}
+	if l.ResyncInterval <= 0 {
+		l.ResyncInterval = d.ResyncInterval
+	}
+	if l.MaxConnectsPerSec <= 0 {
+		l.MaxConnectsPerSec = d.MaxConnectsPerSec
 	}
 	return l
 }
@@ -128,6 +144,10 @@ type Server struct {
 	registry *prometheus.Registry
 	trace    *tracer
 
+	connects *limiter         // the stream's connection attempts
+	snapMu   sync.Mutex       // guards lastSnap
+	lastSnap *encodedSnapshot // the last snapshot a stream client sent, encoded once
+
 	ctx    context.Context // ended by Close
 	cancel context.CancelFunc
 	conns  sync.WaitGroup // stream connections and the tracer
@@ -168,6 +188,7 @@ func NewServer(r *runner.Runner, opts Options) *Server {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{r: r, opts: opts, lim: opts.Limits.withDefaults(), ctx: ctx, cancel: cancel}
+	s.connects = newLimiter(float64(s.lim.MaxConnectsPerSec), opts.Clock)
 	if opts.Token != "" {
 		s.token = sha256.Sum256([]byte(opts.Token))
 	}

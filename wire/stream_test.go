@@ -3,6 +3,7 @@ package wire_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -543,4 +544,70 @@ func newHarnessOn(t *testing.T, addr string, s setup) *harness {
 	ts.Start()
 	h.ts = ts
 	return h
+}
+
+// A client that floods the server with snapshot requests gets them coalesced: at most one
+// snapshot a ResyncInterval, answered with the latest state.
+func TestResyncsAreCoalesced(t *testing.T) {
+	const interval = 200 * time.Millisecond
+	h := newHarness(t, setup{paused: true, opts: func(o *wire.Options) { o.Limits.ResyncInterval = interval }})
+	conn, _, err := websocket.DefaultDialer.Dial(h.wsURL(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for f := readFrame(t, conn); f.Type != protocol.FrameSnapshot; f = readFrame(t, conn) {
+	}
+	start := time.Now()
+	for range 100 {
+		if err := conn.WriteMessage(websocket.TextMessage, []byte(`{"type":"snapshot"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snapshots := 0
+	conn.SetReadDeadline(time.Now().Add(time.Second))
+	for {
+		_, data, err := conn.ReadMessage()
+		if err != nil {
+			break // the read deadline: the window is over
+		}
+		if bytes.HasPrefix(data, []byte(`{"type":"snapshot"`)) {
+			snapshots++
+		}
+	}
+	allowed := 2 + int(time.Since(start)/interval)
+	if snapshots == 0 || snapshots > allowed {
+		t.Errorf("100 snapshot requests answered with %d snapshots in %v, want between 1 and %d (one a %v)", snapshots, time.Since(start).Round(time.Millisecond), allowed, interval)
+	}
+}
+
+// Connection attempts beyond MaxConnectsPerSec are answered 503 with Retry-After, which the
+// client takes as a reason to retry, not to give up; the next second has room again.
+func TestStreamConnectionsAreCapped(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Unix(1_700_000_000, 0)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	h := newHarness(t, setup{opts: func(o *wire.Options) { o.Limits.MaxConnectsPerSec = 3; o.Clock = clock }})
+	for i := range 3 {
+		conn, _, err := websocket.DefaultDialer.Dial(h.wsURL(), nil)
+		if err != nil {
+			t.Fatalf("connection %d of 3: %v", i+1, err)
+		}
+		conn.Close()
+	}
+	_, resp, err := websocket.DefaultDialer.Dial(h.wsURL(), nil)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("a fourth connection in the same second: %v (%v), want 503 with Retry-After", resp, err)
+	}
+	if _, err := wire.Dial(context.Background(), h.ts.URL, wire.ClientOptions{}); err == nil || errors.Is(err, wire.ErrForbidden) || errors.Is(err, wire.ErrUnauthorized) {
+		t.Errorf("Dial over the cap = %v, want a retryable error", err)
+	}
+	mu.Lock()
+	now = now.Add(time.Second)
+	mu.Unlock()
+	c, err := wire.Dial(context.Background(), h.ts.URL, wire.ClientOptions{})
+	if err != nil {
+		t.Fatalf("a second later: %v", err)
+	}
+	c.Close()
 }

@@ -38,6 +38,12 @@ type Config struct {
 	// IdleTick is how often an idle engine still steps, so time-based hazards fire
 	// (default 250ms).
 	IdleTick time.Duration
+	// SnapshotInterval spaces the snapshots the engine builds for its subscribers: every
+	// subscription that needs one (a new one, or one that lost events) waits for the next,
+	// which is built once for all of them, at most once per interval, and not at all while
+	// the engine has not changed (default 50ms). However many viewers ask, the engine
+	// builds at most one snapshot per interval.
+	SnapshotInterval time.Duration
 	// Hook, when set, runs on the engine's goroutine around every step: a workload
 	// simulator uses it to make a router's calls in step with the engine.
 	Hook Hook
@@ -64,6 +70,11 @@ type Runner struct {
 	subs   map[*Subscription]struct{}
 	status feed.Status
 
+	// The next shared snapshot's takers (nil while none waits), and the snapshotter's wake-up.
+	snapMu   sync.Mutex
+	round    *snapRound
+	snapWake chan struct{}
+
 	// Owned by the Run goroutine.
 	stepBudget int
 	prepWait   map[string]chan prepResult
@@ -71,6 +82,9 @@ type Runner struct {
 	backedUp   map[string]*tokenSink // the sinks of tokenWait with tokens queued
 	rateSteps  int
 	rateStart  time.Time
+	version    uint64           // counts the publishes that carried events
+	cached     *engine.Snapshot // the last shared snapshot, of state version cachedAt
+	cachedAt   uint64
 }
 
 // New returns a runner for e. Call Run to start it.
@@ -83,6 +97,9 @@ func New(e *engine.Engine, cfg Config) *Runner {
 	}
 	if cfg.IdleTick <= 0 {
 		cfg.IdleTick = 250 * time.Millisecond
+	}
+	if cfg.SnapshotInterval <= 0 {
+		cfg.SnapshotInterval = 50 * time.Millisecond
 	}
 	if cfg.Clock == nil {
 		panic("runner: Config.Clock is required")
@@ -98,6 +115,7 @@ func New(e *engine.Engine, cfg Config) *Runner {
 		prepWait:  make(map[string]chan prepResult),
 		tokenWait: make(map[string]*tokenSink),
 		backedUp:  make(map[string]*tokenSink),
+		snapWake:  make(chan struct{}, 1),
 	}
 }
 
@@ -108,6 +126,7 @@ func New(e *engine.Engine, cfg Config) *Runner {
 // While paused, only calls, controls and requested single steps run.
 func (r *Runner) Run(ctx context.Context) error {
 	defer close(r.done)
+	go r.snapshots(ctx)
 	r.rateStart = r.cfg.Clock()
 	var interval time.Duration
 	if r.cfg.StepsPerSec > 0 {
@@ -443,6 +462,7 @@ func (r *Runner) publish(evs []engine.Event, toks []engine.Token) {
 	if len(evs) == 0 {
 		return
 	}
+	r.version++
 	r.mu.Lock()
 	subs := make([]*Subscription, 0, len(r.subs))
 	for s := range r.subs {

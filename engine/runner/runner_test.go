@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -550,6 +551,96 @@ func TestRateIsZeroWhilePaused(t *testing.T) {
 		synctest.Wait()
 		if rate := r.Status().Rate; rate < 90 || rate > 110 {
 			t.Errorf("rate 3s after resuming at 100 steps/s = %v", rate)
+		}
+		cancel()
+		<-r.Done()
+	})
+}
+
+// However many subscriptions want a snapshot at once, the engine builds one and they share
+// it; while the engine does not change, it builds none at all.
+func TestSubscribersShareOneSnapshot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := New(newEngine(t), Config{Clock: time.Now, StartPaused: true})
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go r.Run(ctx)
+		r.Subscribe().Close() // the first snapshot of a fresh engine flushes its prefix tree
+		subs := make([]*Subscription, 100)
+		done := make(chan struct{})
+		for i := range subs {
+			go func() { subs[i] = r.Subscribe(); done <- struct{}{} }()
+		}
+		for range subs {
+			<-done
+		}
+		first := subs[0].Take().Snapshot
+		for i, s := range subs[1:] {
+			if got := s.Take().Snapshot; got != first {
+				t.Fatalf("subscription %d got snapshot %p, the first %p: want one shared", i+1, got, first)
+			}
+		}
+		// Paused, nothing changes: resyncs are answered with the same snapshot.
+		for range 5 {
+			subs[7].Resync()
+			if got := subs[7].Take().Snapshot; got != first {
+				t.Fatalf("a resync of an unchanged engine built a new snapshot")
+			}
+			time.Sleep(time.Second)
+		}
+		cancel()
+		<-r.Done()
+	})
+}
+
+// Twenty subscriptions that resync as fast as they can cost the engine at most one
+// snapshot a SnapshotInterval, and the engine keeps its pace.
+func TestResyncFloodBuildsOneSnapshotAnInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := New(newEngine(t), Config{Clock: time.Now, StepsPerSec: 100, IdleTick: 10 * time.Millisecond, SnapshotInterval: 50 * time.Millisecond})
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go r.Run(ctx)
+		stop := make(chan struct{})
+		var mu sync.Mutex
+		seen := map[*engine.Snapshot]bool{}
+		var wg sync.WaitGroup
+		subs := make([]*Subscription, 20)
+		for i := range subs {
+			wg.Add(1)
+			go func() { defer wg.Done(); subs[i] = r.Subscribe() }()
+		}
+		wg.Wait()
+		for _, s := range subs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					s.Resync()
+					if snap := s.Take().Snapshot; snap != nil {
+						mu.Lock()
+						seen[snap] = true
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+		var before, after uint64
+		_ = r.Do(ctx, func(e *engine.Engine, _ time.Time) error { before = e.StepNumber(); return nil })
+		time.Sleep(2 * time.Second)
+		_ = r.Do(ctx, func(e *engine.Engine, _ time.Time) error { after = e.StepNumber(); return nil })
+		close(stop)
+		wg.Wait()
+		if n := len(seen); n > 2*1000/50+2 {
+			t.Errorf("20 subscriptions resyncing for 2s got %d distinct snapshots, want at most one a 50ms interval (%d)", n, 2*1000/50+2)
+		}
+		if steps := after - before; steps < 190 {
+			t.Errorf("the engine took %d steps in 2s at 100 a second under the flood, want about 200", steps)
 		}
 		cancel()
 		<-r.Done()
