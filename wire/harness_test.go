@@ -258,6 +258,7 @@ type viewer struct {
 	events    int
 	dropped   uint64
 	status    *feed.Status
+	epoch     uint64
 }
 
 func (v *viewer) apply(t *testing.T, u feed.Update) {
@@ -284,6 +285,7 @@ func (v *viewer) apply(t *testing.T, u feed.Update) {
 		v.status = &st
 	}
 	v.dropped = u.Dropped
+	v.epoch = u.Epoch
 }
 
 // sameState compares a view's snapshot with the engine's, as JSON (what travels), and

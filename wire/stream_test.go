@@ -507,6 +507,9 @@ func TestReconnectAfterServerRestart(t *testing.T) {
 	h1.load(t, "a", 5)
 	h1.pause()
 	follow(h1, "the first server")
+	if v.epoch != 0 {
+		t.Errorf("epoch of the first connection = %d, want 0", v.epoch)
+	}
 	if l := c.Link(); l.State != feed.LinkUp || l.Name != addr {
 		t.Errorf("Link() = %+v, want connected to %s", l, addr)
 	}
@@ -522,6 +525,9 @@ func TestReconnectAfterServerRestart(t *testing.T) {
 	h2.load(t, "b", 3)
 	h2.pause()
 	follow(h2, "the restarted server")
+	if v.epoch != 1 {
+		t.Errorf("epoch after reconnecting = %d, want 1: a recorder must know the steps may start over", v.epoch)
+	}
 	if l := c.Link(); l.State != feed.LinkUp || l.Attempts != 0 || l.Err != "" {
 		t.Errorf("Link() after reconnecting = %+v, want connected", l)
 	}

@@ -140,7 +140,7 @@ func runDashboard(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvtop: %v\n", err)
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
 	defer stop()
 	src, name, control, err := dashboardSource(ctx, dc, stderr)
 	if err != nil {
@@ -150,14 +150,14 @@ func runDashboard(args []string, stdout, stderr io.Writer) int {
 	opts := dc.ui
 	opts.Name, opts.Control = name, control
 	if dc.record != "" {
-		rec, err := record.Create(dc.record)
+		rec, closeRec, err := startRecording(ctx, dc.record)
 		if err != nil {
 			src.Close()
 			fmt.Fprintf(stderr, "kvtop: %v\n", err)
 			return 1
 		}
 		defer func() {
-			if err := rec.Close(); err != nil {
+			if err := closeRec(); err != nil {
 				fmt.Fprintf(stderr, "kvtop: %v\n", err)
 			}
 		}()
@@ -168,6 +168,30 @@ func runDashboard(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// stopSignals are the signals that end the dashboard cleanly, its recording flushed: every
+// one kvtop can catch that means "stop" (SIGHUP: the terminal closed, the ssh session
+// dropped), rather than dying on its default action with the recording in a buffer.
+var stopSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
+
+// startRecording creates a recording and flushes it the moment ctx ends (a signal), before
+// the dashboard winds down; the returned function closes it. The recorder itself flushes
+// within record.FlushEvery, which is what a kill -9 leaves.
+func startRecording(ctx context.Context, path string) (*record.Recorder, func() error, error) {
+	rec, err := record.Create(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			_ = rec.Flush()
+		case <-done:
+		}
+	}()
+	return rec, func() error { close(done); return rec.Close() }, nil
 }
 
 // dashboardSource starts what the dashboard draws: the demo's engine and workload, or the

@@ -7,10 +7,8 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"os/signal"
 	"strings"
-	"syscall"
 
 	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/record"
@@ -85,11 +83,18 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvtop replay: %v\n", err)
 		return 1
 	}
-	if first, last := rec.Steps(); o.step >= 0 && (uint64(o.step) < first || uint64(o.step) > last) {
-		fmt.Fprintf(stderr, "kvtop replay: --step %d is outside the recording's steps %d-%d\n", o.step, first, last)
+	if rec.Truncated != "" {
+		fmt.Fprintf(stderr, "kvtop replay: %s: %s\n", o.path, rec.Truncated)
+	}
+	if _, ok := rec.Find(uint64(o.step), -1); o.step >= 0 && !ok {
+		var spans []string
+		for _, e := range rec.Epochs() {
+			spans = append(spans, fmt.Sprintf("%d-%d", e.First, e.Last))
+		}
+		fmt.Fprintf(stderr, "kvtop replay: --step %d is outside the recording's steps %s\n", o.step, strings.Join(spans, ", "))
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
 	defer stop()
 	p := record.NewPlayer(rec, shortPath(o.path), record.PlayerOptions{Speed: o.speed, Paused: o.paused || o.step >= 0})
 	go p.Run(ctx)
