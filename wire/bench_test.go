@@ -344,27 +344,10 @@ func BenchmarkEngineSteps(b *testing.B) {
 					}
 				}()
 			}
-			steps := func() uint64 {
-				var n uint64
-				r.Do(context.Background(), func(e *engine.Engine, _ time.Time) error { n = e.StepNumber(); return nil })
-				return n
-			}
 			// Warm up: let the clients connect and fall behind.
-			warm := steps() + 2000
-			r.Control(feed.Control{Op: feed.ControlStep, N: 2000})
-			for steps() < warm {
-				time.Sleep(time.Millisecond)
-			}
+			runSteps(r, 2000)
 			b.ResetTimer()
-			const chunk = 1000
-			for done := 0; done < b.N; done += chunk {
-				n := min(chunk, b.N-done)
-				target := steps() + uint64(n)
-				r.Control(feed.Control{Op: feed.ControlStep, N: n})
-				for steps() < target {
-					time.Sleep(200 * time.Microsecond)
-				}
-			}
+			runSteps(r, b.N)
 			b.StopTimer()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "steps/s")
 			if slow > 0 {
@@ -487,17 +470,8 @@ func benchViewers(b *testing.B, pace float64, mode string) {
 			}()
 		}
 	}
-	steps := func() uint64 {
-		var n uint64
-		r.Do(context.Background(), func(e *engine.Engine, _ time.Time) error { n = e.StepNumber(); return nil })
-		return n
-	}
 	// Warm up: the clients connect and the state fills.
-	warm := steps() + 500
-	r.Control(feed.Control{Op: feed.ControlStep, N: 500})
-	for steps() < warm {
-		time.Sleep(time.Millisecond)
-	}
+	runSteps(r, 500)
 	var size int
 	r.Do(context.Background(), func(e *engine.Engine, _ time.Time) error {
 		s := e.Snapshot()
@@ -511,22 +485,14 @@ func benchViewers(b *testing.B, pace float64, mode string) {
 	b.ResetTimer()
 	if pace > 0 {
 		// Paced: run until b.N more steps are taken.
-		target := steps() + uint64(b.N)
+		target := stepNumber(r) + uint64(b.N)
 		r.Control(feed.Control{Op: feed.ControlResume})
-		for steps() < target {
+		for stepNumber(r) < target {
 			time.Sleep(time.Millisecond)
 		}
 		r.Control(feed.Control{Op: feed.ControlPause})
 	} else {
-		const chunk = 1000
-		for done := 0; done < b.N; done += chunk {
-			n := min(chunk, b.N-done)
-			target := steps() + uint64(n)
-			r.Control(feed.Control{Op: feed.ControlStep, N: n})
-			for steps() < target {
-				time.Sleep(200 * time.Microsecond)
-			}
-		}
+		runSteps(r, b.N)
 	}
 	b.StopTimer()
 	secs := b.Elapsed().Seconds()
@@ -537,4 +503,25 @@ func benchViewers(b *testing.B, pace float64, mode string) {
 	close(quit)
 	srv.Close()
 	wg.Wait()
+}
+
+// stepNumber returns the steps a runner's engine has taken.
+func stepNumber(r *runner.Runner) uint64 {
+	var n uint64
+	r.Do(context.Background(), func(e *engine.Engine, _ time.Time) error { n = e.StepNumber(); return nil })
+	return n
+}
+
+// runSteps has a paused runner take n steps as fast as it can, a thousand at a time, and
+// returns once they are taken.
+func runSteps(r *runner.Runner, n int) {
+	const chunk = 1000
+	for done := 0; done < n; done += chunk {
+		k := min(chunk, n-done)
+		target := stepNumber(r) + uint64(k)
+		r.Control(feed.Control{Op: feed.ControlStep, N: k})
+		for stepNumber(r) < target {
+			time.Sleep(200 * time.Microsecond)
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/runner"
+	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/wire"
 )
 
@@ -187,5 +188,24 @@ func TestLongAndUnicodeIDsAreAccepted(t *testing.T) {
 		if rv := h.request(id); rv.ID != id {
 			t.Errorf("request %q is known as %q", id, rv.ID)
 		}
+	}
+}
+
+// While paused, kvtop_engine_steps_per_second is 0, even right after a burst of single
+// steps (which once showed as a rate of a million).
+func TestStepRateIsZeroWhilePaused(t *testing.T) {
+	h := newHarness(t, setup{paused: true})
+	var before uint64
+	h.engine(func(e *engine.Engine) { before = e.StepNumber() })
+	if err := h.r.Control(feed.Control{Op: feed.ControlStep, N: 20000}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the burst of steps", func() bool {
+		var n uint64
+		h.engine(func(e *engine.Engine) { n = e.StepNumber() })
+		return n >= before+20000
+	})
+	if m := metrics(t, h); m["kvtop_engine_steps_per_second"] != 0 || m["kvtop_engine_paused"] != 1 {
+		t.Errorf("after a burst of steps while paused: steps_per_second %v, paused %v; want 0, 1", m["kvtop_engine_steps_per_second"], m["kvtop_engine_paused"])
 	}
 }

@@ -148,13 +148,20 @@ func TestHeaderReadTimeout(t *testing.T) {
 	}
 }
 
-// get makes a GET with a Host header of its choice.
-func (h *harness) getWithHost(path, host string) (int, string) {
+// raw makes a call with exactly the headers given (a "Host" entry sets the Host), as a web
+// page or curl would send it, and the harness's token if it has one.
+func (h *harness) raw(method, path, body string, hdr map[string]string) (int, string) {
 	h.t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, h.ts.URL+path, nil)
-	req.Host = host
+	req, _ := http.NewRequest(method, h.ts.URL+path, strings.NewReader(body))
 	if h.token != "" {
 		req.Header.Set("Authorization", "Bearer "+h.token)
+	}
+	for k, v := range hdr {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
+		req.Header.Set(k, v)
 	}
 	resp, err := h.ts.Client().Do(req)
 	if err != nil {
@@ -163,6 +170,12 @@ func (h *harness) getWithHost(path, host string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// getWithHost makes a GET with a Host header of its choice.
+func (h *harness) getWithHost(path, host string) (int, string) {
+	h.t.Helper()
+	return h.raw(http.MethodGet, path, "", map[string]string{"Host": host})
 }
 
 // Without a token, only a Host that names this machine, or the listen host, is served: a
@@ -210,17 +223,7 @@ func TestForeignHostIsRefusedWithoutAToken(t *testing.T) {
 // rawCall makes a POST with the headers a web page (or curl) would send.
 func (h *harness) rawCall(path, body string, hdr map[string]string) (int, string) {
 	h.t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, h.ts.URL+path, strings.NewReader(body))
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := h.ts.Client().Do(req)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return h.raw(http.MethodPost, path, body, hdr)
 }
 
 // The request a page of any site can make a browser send without asking (a "simple"

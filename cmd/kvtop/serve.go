@@ -60,8 +60,10 @@ microserving API, and streams its step events to dashboards ('kvtop --attach HOS
   GET  /v1/stream                    the websocket the dashboard attaches to
 
 Security: the server listens on loopback by default. Any other address needs --token; then
-every call and the stream's handshake must send "Authorization: Bearer TOKEN". Browser
-pages from other origins cannot open the stream.
+every call and the stream's handshake must send "Authorization: Bearer TOKEN". Without a
+token a call must name this machine (or the --listen host) in its Host header. Browser pages
+from other origins can neither open the stream nor make calls that change state, and JSON
+calls must be sent as Content-Type: application/json (curl -H 'Content-Type: application/json').
 
 Flags:
 `

@@ -13,7 +13,16 @@
 //
 // Every method is safe for concurrent use. The engine is touched only by the goroutine in
 // Run. A subscription never blocks the runner: a subscriber that falls more than Backlog
-// events behind loses them, is told how many, and gets a fresh snapshot instead, taken on
-// the engine's goroutine when it next calls Take (the subscriber waits for the engine,
-// never the other way round).
+// events behind loses them, is told how many, and gets a fresh snapshot instead when it next
+// calls Take (the subscriber waits for the engine, never the other way round).
+//
+// Snapshots are shared: every subscription that needs one at a time (Subscribe, an owed
+// Take) waits for the next round, which builds one snapshot for all of them on the engine's
+// goroutine, at most once per Config.SnapshotInterval and not at all when the engine has not
+// changed. Consumers must treat a snapshot as read-only. However many viewers connect,
+// resync or fall behind, the engine builds at most one snapshot an interval.
+//
+// What the runner holds for callers is bounded by them: a prep_recv waits for admission
+// (Config.MaxWaiting of them at once), a completion's tokens wait for its reader until the
+// reader's context ends, and then are dropped (Waiters counts both).
 package runner

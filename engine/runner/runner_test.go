@@ -370,6 +370,16 @@ func TestLongCompletionOverflowsIntoItsQueue(t *testing.T) {
 	})
 }
 
+// start runs a runner for e until the test ends, and returns it and its context.
+func start(t *testing.T, e *engine.Engine, cfg Config) (*Runner, context.Context) {
+	t.Helper()
+	r := New(e, cfg)
+	ctx, cancel := context.WithCancel(t.Context())
+	go r.Run(ctx)
+	t.Cleanup(func() { cancel(); <-r.Done() })
+	return r, ctx
+}
+
 // waiters returns what the runner holds for callers.
 func waiters(t *testing.T, r *Runner) Waiters {
 	t.Helper()
@@ -400,10 +410,7 @@ func prepared(ctx context.Context, t *testing.T, r *Runner, id string, maxTokens
 // no sink, no queued token, whatever the request goes on to generate.
 func TestAbandonedCompletionLeavesNoSink(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := New(newEngine(t), Config{Clock: time.Now})
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		go r.Run(ctx)
+		r, ctx := start(t, newEngine(t), Config{Clock: time.Now})
 		prepared(ctx, t, r, "A", 5000)
 		rctx, leave := context.WithCancel(ctx)
 		if _, err := r.StartGenerate(rctx, "A", -1); err != nil {
@@ -424,8 +431,6 @@ func TestAbandonedCompletionLeavesNoSink(t *testing.T) {
 		if w := waiters(t, r); w != (Waiters{}) {
 			t.Errorf("10s after the reader left: %+v, want nothing held", w)
 		}
-		cancel()
-		<-r.Done()
 	})
 }
 
@@ -434,10 +439,7 @@ func TestAbandonedCompletionLeavesNoSink(t *testing.T) {
 // prepared with its pages until the age hazard notices.
 func TestStartGenerateAbandonedInTheQueueEndsItsRequest(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := New(newEngine(t), Config{Clock: time.Now})
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		go r.Run(ctx)
+		r, ctx := start(t, newEngine(t), Config{Clock: time.Now})
 		prepared(ctx, t, r, "A", 16)
 		gone, leave := context.WithCancel(ctx)
 		leave() // gone before the call reaches the engine
@@ -452,18 +454,13 @@ func TestStartGenerateAbandonedInTheQueueEndsItsRequest(t *testing.T) {
 		if w := waiters(t, r); w != (Waiters{}) {
 			t.Errorf("after the abandoned start_generate: %+v, want nothing held", w)
 		}
-		cancel()
-		<-r.Done()
 	})
 }
 
 // A max_tokens too large for any buffer makes a bounded one, not a panic.
 func TestHugeMaxTokensGetsABoundedBuffer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := New(newEngine(t), Config{Clock: time.Now})
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		go r.Run(ctx)
+		r, ctx := start(t, newEngine(t), Config{Clock: time.Now})
 		prepared(ctx, t, r, "A", math.MaxInt)
 		toks, err := r.StartGenerate(ctx, "A", -1)
 		if err != nil {
@@ -472,8 +469,6 @@ func TestHugeMaxTokensGetsABoundedBuffer(t *testing.T) {
 		if cap(toks) != maxTokenBuffer {
 			t.Errorf("token buffer for max_tokens MaxInt = %d, want %d", cap(toks), maxTokenBuffer)
 		}
-		cancel()
-		<-r.Done()
 	})
 }
 
@@ -487,10 +482,7 @@ func TestPrepRecvBeyondMaxWaitingIsBusy(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := New(e, Config{StepsPerSec: 50, Clock: time.Now, MaxWaiting: 3})
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		go r.Run(ctx)
+		r, ctx := start(t, e, Config{StepsPerSec: 50, Clock: time.Now, MaxWaiting: 3})
 		leave := make([]context.CancelFunc, 3)
 		for i := range leave {
 			cctx, c := context.WithCancel(ctx)
@@ -517,8 +509,6 @@ func TestPrepRecvBeyondMaxWaitingIsBusy(t *testing.T) {
 		if w := waiters(t, r); w.PrepRecv != 3 {
 			t.Errorf("after one left and another came: %d waiting, want 3", w.PrepRecv)
 		}
-		cancel()
-		<-r.Done()
 	})
 }
 
@@ -526,10 +516,7 @@ func TestPrepRecvBeyondMaxWaitingIsBusy(t *testing.T) {
 // again once resumed.
 func TestRateIsZeroWhilePaused(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := New(newEngine(t), Config{StepsPerSec: 100, Clock: time.Now, IdleTick: 10 * time.Millisecond})
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		go r.Run(ctx)
+		r, _ := start(t, newEngine(t), Config{StepsPerSec: 100, Clock: time.Now, IdleTick: 10 * time.Millisecond})
 		time.Sleep(3 * time.Second)
 		synctest.Wait()
 		if rate := r.Status().Rate; rate < 90 || rate > 110 {
@@ -552,8 +539,6 @@ func TestRateIsZeroWhilePaused(t *testing.T) {
 		if rate := r.Status().Rate; rate < 90 || rate > 110 {
 			t.Errorf("rate 3s after resuming at 100 steps/s = %v", rate)
 		}
-		cancel()
-		<-r.Done()
 	})
 }
 
@@ -561,10 +546,7 @@ func TestRateIsZeroWhilePaused(t *testing.T) {
 // it; while the engine does not change, it builds none at all.
 func TestSubscribersShareOneSnapshot(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := New(newEngine(t), Config{Clock: time.Now, StartPaused: true})
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		go r.Run(ctx)
+		r, _ := start(t, newEngine(t), Config{Clock: time.Now, StartPaused: true})
 		r.Subscribe().Close() // the first snapshot of a fresh engine flushes its prefix tree
 		subs := make([]*Subscription, 100)
 		done := make(chan struct{})
@@ -588,8 +570,6 @@ func TestSubscribersShareOneSnapshot(t *testing.T) {
 			}
 			time.Sleep(time.Second)
 		}
-		cancel()
-		<-r.Done()
 	})
 }
 
@@ -597,10 +577,7 @@ func TestSubscribersShareOneSnapshot(t *testing.T) {
 // snapshot a SnapshotInterval, and the engine keeps its pace.
 func TestResyncFloodBuildsOneSnapshotAnInterval(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := New(newEngine(t), Config{Clock: time.Now, StepsPerSec: 100, IdleTick: 10 * time.Millisecond, SnapshotInterval: 50 * time.Millisecond})
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		go r.Run(ctx)
+		r, ctx := start(t, newEngine(t), Config{Clock: time.Now, StepsPerSec: 100, IdleTick: 10 * time.Millisecond, SnapshotInterval: 50 * time.Millisecond})
 		stop := make(chan struct{})
 		var mu sync.Mutex
 		seen := map[*engine.Snapshot]bool{}
@@ -642,7 +619,5 @@ func TestResyncFloodBuildsOneSnapshotAnInterval(t *testing.T) {
 		if steps := after - before; steps < 190 {
 			t.Errorf("the engine took %d steps in 2s at 100 a second under the flood, want about 200", steps)
 		}
-		cancel()
-		<-r.Done()
 	})
 }
