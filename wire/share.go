@@ -8,12 +8,13 @@ import (
 	"github.com/kvtop/kvtop/wire/protocol"
 )
 
-// What keeps many viewers from costing the engine: the runner builds one snapshot an
-// interval for every subscription that needs one (runner.Config.SnapshotInterval); the
-// server encodes each once for every stream client that sends it (encodedSnapshot), spaces
-// each client's resyncs (Limits.ResyncInterval) and caps connection attempts
-// (Limits.MaxConnectsPerSec). The encoding happens on the clients' goroutines, never the
-// engine's.
+// What keeps many viewers from costing the engine: the runner builds one snapshot for every
+// subscription that needs one at the time, none while the engine has not changed, and for
+// resyncs at most one an interval (runner.Config.SnapshotInterval); the server encodes each
+// once for every stream client that sends it (encodedSnapshot), spaces each client's
+// resyncs (Limits.ResyncInterval) and caps connection attempts, which are what new
+// subscriptions cost (Limits.MaxConnectsPerSec). The encoding happens on the clients'
+// goroutines, never the engine's.
 
 // encodedSnapshot is a snapshot and its encoding, made by the first client to send it.
 type encodedSnapshot struct {

@@ -18,9 +18,11 @@
 //
 // Snapshots are shared: every subscription that needs one at a time (Subscribe, an owed
 // Take) waits for the next round, which builds one snapshot for all of them on the engine's
-// goroutine, at most once per Config.SnapshotInterval and not at all when the engine has not
-// changed. Consumers must treat a snapshot as read-only. However many viewers connect,
-// resync or fall behind, the engine builds at most one snapshot an interval.
+// goroutine, and none at all when the engine has not changed since the last: at most one
+// between two steps. Rounds of resyncs come at most once per Config.SnapshotInterval, so
+// however many viewers resync or fall behind, the engine builds at most one snapshot an
+// interval for them; new subscriptions are served at once (their rate is the server's to
+// cap). Consumers must treat a snapshot as read-only.
 //
 // What the runner holds for callers is bounded by them: a prep_recv waits for admission
 // (Config.MaxWaiting of them at once), a completion's tokens wait for its reader until the

@@ -38,11 +38,11 @@ type Config struct {
 	// IdleTick is how often an idle engine still steps, so time-based hazards fire
 	// (default 250ms).
 	IdleTick time.Duration
-	// SnapshotInterval spaces the snapshots the engine builds for its subscribers: every
-	// subscription that needs one (a new one, or one that lost events) waits for the next,
-	// which is built once for all of them, at most once per interval, and not at all while
-	// the engine has not changed (default 50ms). However many viewers ask, the engine
-	// builds at most one snapshot per interval.
+	// SnapshotInterval spaces the snapshots the engine builds for resyncing subscribers:
+	// every subscription that owes one (it lost events, or asked) waits for the next, which
+	// is built once for all of them, at most once per interval (default 50ms). A new
+	// subscription gets one at once. No snapshot is built while the engine has not changed
+	// since the last.
 	SnapshotInterval time.Duration
 	// Hook, when set, runs on the engine's goroutine around every step: a workload
 	// simulator uses it to make a router's calls in step with the engine.

@@ -17,8 +17,8 @@ type Subscription struct {
 	mb *feed.Mailbox
 }
 
-// Subscribe returns a new subscription whose first update is a snapshot of the engine. It
-// waits for the next shared snapshot (at most Config.SnapshotInterval).
+// Subscribe returns a new subscription whose first update is a snapshot of the engine,
+// shared with the others that need one at the time.
 func (r *Runner) Subscribe() *Subscription {
 	s := &Subscription{r: r, mb: feed.NewMailbox(r.cfg.Backlog)}
 	if !r.awaitSnapshot(s, true) {
@@ -88,9 +88,12 @@ func (r *Runner) awaitSnapshot(s *Subscription, joining bool) bool {
 	}
 }
 
-// snapshots delivers the rounds until ctx ends, at most one per Config.SnapshotInterval, so
-// that viewers asking for snapshots (connecting, resyncing, falling behind) cost the engine
-// one snapshot an interval however many they are.
+// snapshots delivers the rounds until ctx ends. A round of resyncs (subscriptions that owe
+// a snapshot) waits until Config.SnapshotInterval has passed since the last, so that viewers
+// asking for snapshots cost the engine one an interval however many they are. A round with
+// a new subscription goes at once: a subscriber must not miss the events of the calls made
+// just after it subscribed (connection attempts are the server's to bound), and it builds
+// nothing when the engine has not changed since the last snapshot.
 func (r *Runner) snapshots(ctx context.Context) {
 	var last time.Time
 	for {
@@ -99,7 +102,10 @@ func (r *Runner) snapshots(ctx context.Context) {
 			return
 		case <-r.snapWake:
 		}
-		if wait := r.cfg.SnapshotInterval - r.cfg.Clock().Sub(last); wait > 0 {
+		r.snapMu.Lock()
+		joining := r.round != nil && len(r.round.joining) > 0
+		r.snapMu.Unlock()
+		if wait := r.cfg.SnapshotInterval - r.cfg.Clock().Sub(last); wait > 0 && !joining {
 			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
