@@ -3,6 +3,7 @@ package record
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -59,7 +60,7 @@ func NewPlayer(rec *Recording, name string, opts PlayerOptions) *Player {
 		ctrl:   make(chan feed.Control, 16),
 		done:   make(chan struct{}),
 		status: feed.Status{Paused: opts.Paused, Rate: speed, Target: speed, Controllable: true},
-		link:   feed.Link{Name: "replay " + name, State: feed.LinkUp},
+		link:   feed.Link{Name: "replay " + name, State: feed.LinkUp, Err: rec.Truncated},
 	}
 	p.mb.AddDropped(rec.Dropped)
 	return p
@@ -86,7 +87,7 @@ func (p *Player) Run(ctx context.Context) {
 	// While paused, a step request plays everything stamped up to target: an engine step
 	// and the calls that came after it.
 	stepping, target := false, uint64(0)
-	cur := items[0].step
+	cur, epoch := items[0].step, 0 // the step and the epoch played up to
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -140,13 +141,20 @@ func (p *Player) Run(ctx context.Context) {
 					s := view.Snapshot()
 					p.mb.Snapshot(&s)
 				case feed.ControlSeek:
-					v, next, err := p.rec.StateAt(uint64(c.N))
+					// Within the epoch being played when it holds the step: another
+					// epoch's step numbers may be the same ones.
+					e, ok := p.rec.Find(uint64(c.N), epoch)
+					if !ok {
+						p.setLink(feed.LinkUp, fmt.Sprintf("no step %d in the recording (%s)", c.N, describeEpochs(p.rec.Epochs())))
+						break
+					}
+					v, next, err := p.rec.StateIn(e, uint64(c.N))
 					if err != nil {
 						p.setLink(feed.LinkUp, err.Error())
 						break
 					}
 					view, pos, stepping = v, next, false
-					cur = uint64(c.N)
+					cur, epoch = uint64(c.N), e
 					if pos < len(items) {
 						recNow = items[pos].at
 					}
@@ -165,7 +173,10 @@ func (p *Player) Run(ctx context.Context) {
 		// Release the next recorded item.
 		it := items[pos]
 		pos++
-		recNow, cur = it.at, it.step
+		if it.epoch != epoch && stepping {
+			target = it.step + (target - cur) // the steps asked for go on in the new epoch
+		}
+		recNow, cur, epoch = it.at, it.step, it.epoch
 		if it.snap != nil {
 			v, err := engine.NewView(*it.snap)
 			if err == nil {
@@ -241,4 +252,16 @@ func (p *Player) Close() {
 		cancel()
 		<-p.done
 	}
+}
+
+// describeEpochs names a recording's step ranges, for a message.
+func describeEpochs(es []Epoch) string {
+	parts := make([]string, len(es))
+	for i, e := range es {
+		parts[i] = fmt.Sprintf("%d-%d", e.First, e.Last)
+	}
+	if len(es) == 1 {
+		return "steps " + parts[0]
+	}
+	return fmt.Sprintf("%d epochs, steps %s", len(es), strings.Join(parts, ", "))
 }
