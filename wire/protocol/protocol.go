@@ -23,8 +23,9 @@ import (
 //	2: blocked reasons travel by name ("watermark", not 5); the arena geometry's fields are
 //	   snake_case; snapshots carry last_match; timeline marks are formatted when sent.
 //	3: snapshots carry derived: the counts the dashboard and /metrics show, with the page
-//	   states prepared, awaiting-kv and partly-received; the event kinds are those of the
-//	   engine's registry.
+//	   states prepared, awaiting-kv and partly-received; prefix_changed carries the recycling
+//	   sequences in eviction order and the counterfactual's counters; seq_evicted names the
+//	   request and the recycle stamps; the config has evict_order and counterfactual.
 //	4: the stale-kv-write hazard (totals count six hazard kinds); hazards carry offset,
 //	   tokens and holder.
 const Version = 4
