@@ -47,6 +47,17 @@ type Config struct {
 	// Hook, when set, runs on the engine's goroutine around every step: a workload
 	// simulator uses it to make a router's calls in step with the engine.
 	Hook Hook
+	// Observers see the events of every call and step on the engine's goroutine, with the
+	// engine, before subscribers are offered them: an exporter that needs what events do
+	// not carry (the prefix cache's tokens) reads it there. An observer must return at once,
+	// handing its work to a goroutine of its own through a bounded queue; it must neither
+	// change the engine nor keep evs.
+	Observers []Observer
+}
+
+// Observer sees every call's and step's events on the engine's goroutine (Config.Observers).
+type Observer interface {
+	Observe(e *engine.Engine, evs []engine.Event)
 }
 
 // Hook is called around every step, on the engine's goroutine.
@@ -463,6 +474,9 @@ func (r *Runner) publish(evs []engine.Event, toks []engine.Token) {
 		return
 	}
 	r.version++
+	for _, o := range r.cfg.Observers {
+		o.Observe(r.e, evs)
+	}
 	r.mu.Lock()
 	subs := make([]*Subscription, 0, len(r.subs))
 	for s := range r.subs {

@@ -19,7 +19,7 @@ var rules = []struct {
 }{
 	{
 		name: "the engine does no I/O and draws nothing",
-		pkgs: []string{mod + "engine", mod + "engine/pages", mod + "engine/prefix", mod + "engine/prepare", mod + "engine/runner"},
+		pkgs: []string{mod + "engine", mod + "engine/pages", mod + "engine/prefix", mod + "engine/prepare", mod + "engine/runner", mod + "engine/blocks"},
 		banned: []string{"net", "net/", "os/exec", "github.com/gorilla/", "github.com/prometheus/", "charm.land/",
 			mod + "ui", mod + "wire", mod + "wire/", mod + "record", mod + "sim"},
 		why: "the engine is a deterministic core (and its goroutine wrapper): the server, the dashboard and recordings are built on it, never the other way round",
