@@ -1,0 +1,284 @@
+package kvevents
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/engine/blocks"
+	"github.com/kvtop/kvtop/internal/lockstep"
+)
+
+func TestMain(m *testing.M) {
+	writeTimeout = 300 * time.Millisecond // a stalled peer is cut off quickly
+	os.Exit(m.Run())
+}
+
+type held struct {
+	parent    uint64
+	hasParent bool
+	tokens    []int64
+}
+
+// follower rebuilds the block set from what a subscriber hands over, as an indexer does.
+type follower struct {
+	mu       sync.Mutex
+	blocks   map[uint64]held
+	got      uint64 // batches applied
+	replayed int
+	missing  uint64
+	err      error
+}
+
+func newFollower() *follower { return &follower{blocks: map[uint64]held{}} }
+
+func (f *follower) apply(m Message) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if m.Missing > 0 {
+		f.missing += m.Missing
+		return nil
+	}
+	if m.Err != nil && f.err == nil {
+		f.err = m.Err
+	}
+	if m.Replayed {
+		f.replayed++
+	}
+	f.got++
+	for _, ev := range m.Batch.Events {
+		switch e := ev.(type) {
+		case AllBlocksCleared:
+			clear(f.blocks)
+		case BlockStored:
+			var parent uint64
+			has := e.ParentBlockHash != nil
+			if has {
+				parent = e.ParentBlockHash.N
+			}
+			for i, h := range e.BlockHashes {
+				if _, dup := f.blocks[h.N]; dup && f.err == nil {
+					f.err = fmt.Errorf("batch %d: block %d stored twice", m.Seq, h.N)
+				}
+				f.blocks[h.N] = held{parent, has, e.TokenIDs[i*int(e.BlockSize) : (i+1)*int(e.BlockSize)]}
+				parent, has = h.N, true
+			}
+		case BlockRemoved:
+			for _, h := range e.BlockHashes {
+				if _, ok := f.blocks[h.N]; !ok && f.err == nil {
+					f.err = fmt.Errorf("batch %d: block %d removed but not held", m.Seq, h.N)
+				}
+				delete(f.blocks, h.N)
+			}
+		}
+	}
+	return nil
+}
+
+// diff compares the rebuilt blocks with those the prefix cache holds.
+func (f *follower) diff(want map[uint64]blocks.Block) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return f.err.Error()
+	}
+	if len(f.blocks) != len(want) {
+		return fmt.Sprintf("%d blocks rebuilt, the prefix cache holds %d", len(f.blocks), len(want))
+	}
+	for h, w := range want {
+		g, ok := f.blocks[h]
+		toks := make([]int64, len(w.Tokens))
+		for i, t := range w.Tokens {
+			toks[i] = int64(t)
+		}
+		if !ok || g.parent != w.Parent || g.hasParent != w.HasParent || !slices.Equal(g.tokens, toks) {
+			return fmt.Sprintf("block %d: rebuilt %+v (held %v), want parent %d (%v) tokens %v", h, g, ok, w.Parent, w.HasParent, toks)
+		}
+	}
+	return ""
+}
+
+// waitFor waits until the follower has applied n batches.
+func (f *follower) waitFor(t *testing.T, n uint64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		f.mu.Lock()
+		got := f.got
+		f.mu.Unlock()
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the subscriber applied %d batches of %d", got, n)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
+// start starts a publisher on loopback, with replay, and a subscriber that follows it.
+func start(t *testing.T, cfg Config) (*Publisher, *follower) {
+	t.Helper()
+	cfg.Endpoint, cfg.ReplayEndpoint = "tcp://127.0.0.1:0", "tcp://127.0.0.1:0"
+	p, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFollower()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Subscribe(ctx, SubscriberConfig{Endpoint: "tcp://" + p.Addr().String(), ReplayEndpoint: "tcp://" + p.ReplayAddr().String(), FromStart: true}, f.apply)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Subscribe = %v", err)
+		}
+		p.Close()
+	})
+	return p, f
+}
+
+// A subscriber sees exactly the blocks the engine's prefix cache holds: rebuilt from the
+// KV events over ZMQ, after every call and step of a scenario, the same hashes, parents and
+// tokens. Both encodings.
+func TestSubscriberRebuildsThePrefixCache(t *testing.T) {
+	for _, enc := range []Encoding{Map, Array} {
+		t.Run(enc.String(), func(t *testing.T) {
+			p, f := start(t, Config{Encoding: enc})
+			calls := 0
+			_, err := lockstep.Run("chat", 3, 500, 50*time.Millisecond, nil, func(e *engine.Engine, evs []engine.Event) {
+				if t.Failed() {
+					return
+				}
+				calls++
+				p.Observe(e, evs)
+				f.waitFor(t, p.queued.Load())
+				if d := f.diff(blocks.Of(e.Prefix(), e.Config().PageSize)); d != "" {
+					t.Fatalf("call %d (step %d): %s", calls, e.StepNumber(), d)
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st := p.Stats(); st.Batches < 50 || st.Dropped > 0 || st.Blocks == 0 {
+				t.Errorf("Stats() = %+v: want over 100 batches, none dropped, blocks held", st)
+			}
+		})
+	}
+}
+
+// A batch the PUB socket never sent (as a slow link or a full high-water mark loses one) is
+// a gap in the sequence: the subscriber fills it from the replay socket, and ends with the
+// prefix cache's blocks.
+func TestReplayFillsAForcedGap(t *testing.T) {
+	skipped := 0
+	p, f := start(t, Config{skip: func(seq uint64) bool {
+		if seq%9 == 4 {
+			skipped++
+			return true
+		}
+		return false
+	}})
+	var last *engine.Engine
+	_, err := lockstep.Run("chat", 4, 300, 50*time.Millisecond, nil, func(e *engine.Engine, evs []engine.Event) {
+		p.Observe(e, evs)
+		last = e
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One more batch, sent, so that the last gap shows.
+	for p.queued.Load()%9 == 4 || p.queued.Load()%9 == 5 {
+		p.queue <- pending{ts: 1, changes: nil, pageSize: 16}
+		p.queued.Add(1)
+	}
+	p.queue <- pending{ts: 1, changes: nil, pageSize: 16}
+	p.queued.Add(1)
+	f.waitFor(t, p.queued.Load())
+	if d := f.diff(blocks.Of(last.Prefix(), last.Config().PageSize)); d != "" {
+		t.Fatal(d)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.replayed < skipped || f.missing > 0 || skipped == 0 {
+		t.Errorf("%d batches skipped, %d replayed, %d missing: want every skipped one replayed", skipped, f.replayed, f.missing)
+	}
+}
+
+// The engine never waits for the publisher: with the sender stuck, every observation
+// returns, the batches that do not fit are dropped and counted, and once the sender moves
+// again subscribers are started over and end with the prefix cache's blocks.
+func TestAStuckSenderDoesNotSlowTheEngine(t *testing.T) {
+	hold := make(chan struct{})
+	p, f := start(t, Config{Queue: 4, hold: hold})
+	observed := 0
+	e, err := lockstep.Run("chat", 5, 400, 50*time.Millisecond, nil, func(e *engine.Engine, evs []engine.Event) {
+		p.Observe(e, evs) // would hang the test if it waited
+		observed++
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := p.Stats()
+	if st.Dropped == 0 || p.queued.Load() > 5 {
+		t.Fatalf("with the sender stuck: %d observations, %d queued, %d dropped; want all but 5 dropped", observed, p.queued.Load(), st.Dropped)
+	}
+	close(hold)
+	// The next observation that fits resyncs (observations run on the engine's goroutine,
+	// this one, so p.lost is ours to read).
+	deadline := time.Now().Add(5 * time.Second)
+	for p.lost {
+		p.Observe(e, nil)
+		if time.Now().After(deadline) {
+			t.Fatal("no resync after the sender moved again")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	f.waitFor(t, p.queued.Load())
+	if d := f.diff(blocks.Of(e.Prefix(), e.Config().PageSize)); d != "" {
+		t.Fatal(d)
+	}
+	if p.Stats().Resyncs == 0 {
+		t.Errorf("Stats() = %+v, want a resync", p.Stats())
+	}
+}
+
+// A subscriber that stops reading without closing its connection is cut off once a write to
+// it times out; the other subscribers keep receiving.
+func TestAStalledSubscriberDoesNotStopTheOthers(t *testing.T) {
+	p, f := start(t, Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stalled := zmq4.NewSub(ctx)
+	defer stalled.Close()
+	if err := stalled.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		t.Fatal(err)
+	}
+	ep, _ := endpoint("tcp://" + p.Addr().String())
+	if err := stalled.Dial(ep); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // let it subscribe
+	// 120 batches of 16k large token ids each, about 10 MB: far more than the stalled
+	// peer's buffers take.
+	toks := make([]int32, 1<<14)
+	for i := range toks {
+		toks[i] = 1<<30 + int32(i)
+	}
+	for i := range 120 {
+		p.queue <- pending{ts: float64(i), pageSize: 1 << 14, changes: []blocks.Change{{Kind: blocks.Stored, Hashes: []uint64{uint64(i + 1)}, Tokens: toks}}}
+		p.queued.Add(1)
+	}
+	p.queue <- pending{ts: 999, pageSize: 16, changes: []blocks.Change{{Kind: blocks.Cleared}}}
+	p.queued.Add(1)
+	f.waitFor(t, p.queued.Load())
+}
