@@ -35,7 +35,7 @@ func commands() []command {
 		{
 			name:   "kvtop serve",
 			flags:  func() *flag.FlagSet { fs, _ := serveFlags(io.Discard); return fs },
-			bounds: []map[string]bound{engineBounds, serveBounds},
+			bounds: []map[string]bound{engineBounds, serveBounds, ecoBounds},
 			parse:  func(a []string) error { _, err := parseServe(a, io.Discard); return err },
 			args:   func(f ...string) []string { return append([]string{"serve"}, f...) },
 		},

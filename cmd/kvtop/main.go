@@ -6,6 +6,7 @@
 //	kvtop --attach host:port       the dashboard on a running `kvtop serve`
 //	kvtop serve [flags]            the engine as a decode instance over HTTP
 //	kvtop replay FILE              play a recording back in the dashboard
+//	kvtop kv-events tcp://H:P      print a vLLM-format KV-event publisher's events
 package main
 
 import (
@@ -30,6 +31,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return runServe(args[1:], stdout, stderr)
 		case "replay":
 			return runReplay(args[1:], stdout, stderr)
+		case "kv-events":
+			return runKVEvents(args[1:], stdout, stderr)
 		case "help":
 			fmt.Fprint(stdout, usage)
 			return 0
@@ -52,6 +55,7 @@ Usage:
   kvtop --attach HOST:PORT       the dashboard on a running 'kvtop serve' (or a ws:// URL)
   kvtop serve [flags]            run the engine headless as a decode instance over HTTP
   kvtop replay FILE              play a recording (--record) back in the dashboard
+  kvtop kv-events tcp://HOST:PORT  print a vLLM-format KV-event publisher's events as JSON lines
   kvtop help                     this text
   kvtop --version                the version
 

@@ -40,6 +40,8 @@ type serveOptions struct {
 	// `--drive SCENARIO`: a simulated router and prefill instance driving the server over
 	// HTTP as real ones would. An error is logged; the server goes on.
 	drivers []func(ctx context.Context, baseURL, token string) error
+	// eco is what the ecosystem flags ask for (ecosystem.go): KV events, traces.
+	eco ecoOptions
 }
 
 const serveUsage = `Usage: kvtop serve [flags]
@@ -127,8 +129,13 @@ func serveFlags(stderr io.Writer) (*flag.FlagSet, func() (serveOptions, error)) 
 	tracePath := fs.String("trace", "", "with --drive trace: the Mooncake-format JSONL file")
 	speed := fs.Float64("speed", 1, "with --drive trace: the time scale (2 replays twice as fast)")
 	buildEngine := engineFlags(fs)
+	buildEco := ecoFlags(fs)
 	return fs, func() (serveOptions, error) {
-		if err := checkBounds(fs, engineBounds, serveBounds); err != nil {
+		if err := checkBounds(fs, engineBounds, serveBounds, ecoBounds); err != nil {
+			return serveOptions{}, err
+		}
+		eco, err := buildEco()
+		if err != nil {
 			return serveOptions{}, err
 		}
 		base := engine.DefaultConfig()
@@ -157,6 +164,7 @@ func serveFlags(stderr io.Writer) (*flag.FlagSet, func() (serveOptions, error)) 
 				HeaderTimeout: *headerTimeout, PingInterval: *ping, WriteTimeout: *writeTimeout, FrameEvents: *frameEvents}},
 			func() (engine.Config, float64, error) { return buildEngine(base) })
 		o.drivers = append(o.drivers, drivers...)
+		o.eco = eco
 		rateSet := false
 		fs.Visit(func(f *flag.Flag) { rateSet = rateSet || f.Name == "steps-per-sec" })
 		if len(drivers) > 0 && !rateSet {
@@ -236,6 +244,7 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	fmt.Fprintf(stdout, "kvtop serve: decode instance listening on %s\n  dashboards: kvtop --attach %s (%s)\n",
 		s.URL(), s.Addr(), mode)
+	s.eco.describe(stdout)
 	if err := s.Wait(); err != nil {
 		fmt.Fprintf(stderr, "kvtop serve: %v\n", err)
 		return 1
@@ -255,6 +264,7 @@ type server struct {
 	drivers sync.WaitGroup
 	ctx     context.Context
 	stopDrv context.CancelFunc
+	eco     *ecosystem
 }
 
 // startServer starts the engine and listens; it returns once the address is bound, and the
@@ -268,7 +278,12 @@ func startServer(ctx context.Context, o serveOptions, stderr io.Writer) (*server
 	if err != nil {
 		return nil, err
 	}
-	r := runner.New(e, runner.Config{StepsPerSec: o.rate, Clock: time.Now, StartPaused: o.paused, MaxWaiting: o.maxWaiting})
+	eco := &ecosystem{}
+	if err := eco.start(o.eco, stderr, o.verbose); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	r := runner.New(e, runner.Config{StepsPerSec: o.rate, Clock: time.Now, StartPaused: o.paused, MaxWaiting: o.maxWaiting, Observers: eco.observers})
 	rctx, stopRun := context.WithCancel(context.Background())
 	go r.Run(rctx)
 	opts := wire.Options{Token: o.token, Control: o.control, Version: "kvtop " + version, Limits: o.limits, TraceRequests: o.trace}
@@ -278,10 +293,12 @@ func startServer(ctx context.Context, o serveOptions, stderr io.Writer) (*server
 	if o.verbose {
 		opts.Logf = log.New(stderr, "kvtop serve: ", log.LstdFlags).Printf
 	}
+	eco.wire(&opts)
 	ws := wire.NewServer(r, opts)
+	ws.Registry().MustRegister(eco.collectors...)
 	dctx, stopDrv := context.WithCancel(ctx)
 	s := &server{ln: ln, hs: wire.NewHTTPServer(ws, o.limits), ws: ws, r: r, stopRun: stopRun,
-		served: make(chan error, 1), ctx: ctx, stopDrv: stopDrv}
+		served: make(chan error, 1), ctx: ctx, stopDrv: stopDrv, eco: eco}
 	go func() { s.served <- s.hs.Serve(ln) }()
 	for _, d := range o.drivers {
 		s.drivers.Add(1)
@@ -315,6 +332,9 @@ func (s *server) Wait() error {
 	s.ws.Close()
 	s.stopRun()
 	<-s.r.Done()
+	if eerr := s.eco.close(); eerr != nil && err == nil {
+		err = eerr
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if serr := s.hs.Shutdown(sctx); serr != nil {

@@ -1,0 +1,286 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvtop/kvtop/engine/runner"
+	"github.com/kvtop/kvtop/kvevents"
+	"github.com/kvtop/kvtop/wire"
+)
+
+// ecoOptions are serve's flags for the systems around a decode instance: KV events for
+// KV-aware routers and request traces for a tracing backend. Everything is off unless its
+// flag is given.
+type ecoOptions struct {
+	kvEvents       string // PUB endpoint, tcp://HOST:PORT
+	kvReplay       string // ROUTER endpoint for replay
+	kvBuffer       int
+	kvEncoding     kvevents.Encoding
+	kvTopic        string
+	kvDial         bool
+	kvRemote       bool
+	otlpEndpoint   string
+	otlpInsecure   bool
+	otlpSampleRate float64
+}
+
+// ecoBounds are the ranges of the ecosystem flags.
+var ecoBounds = map[string]bound{
+	"kv-events-buffer": ints(1, 1<<20),
+	"otlp-sample":      floats(0, 1, false),
+}
+
+// ecoFlags registers the ecosystem flags on fs and returns the function that checks them.
+func ecoFlags(fs *flag.FlagSet) func() (ecoOptions, error) {
+	kv := fs.String("kv-events", "", "publish the prefix cache's blocks as vLLM's KV events on a ZMQ PUB socket listening at tcp://HOST:PORT (what Dynamo's and llm-d's indexers read); off by default")
+	replay := fs.String("kv-events-replay", "", "with --kv-events: a ZMQ ROUTER socket at tcp://HOST:PORT that replays kept batches from a sequence number")
+	buffer := fs.Int("kv-events-buffer", 10_000, "with --kv-events: the last batches kept for replay")
+	enc := fs.String("kv-events-encoding", "map", "with --kv-events: events as tagged maps (map, vLLM's current encoding) or tagged arrays (array, the older one)")
+	topic := fs.String("kv-events-topic", "", "with --kv-events: the topic of every message")
+	dial := fs.Bool("kv-events-dial", false, "with --kv-events: connect the PUB socket to a subscriber that listens (llm-d's indexer) instead of listening")
+	remote := fs.Bool("kv-events-remote", false, "with --kv-events: allow a non-loopback address; the events carry prompt token ids and ZMQ has no authentication here")
+	otlp := fs.String("otlp-endpoint", "", "export request traces over OTLP/HTTP to this URL (http://collector:4318); off by default")
+	insecure := fs.Bool("otlp-insecure", false, "with --otlp-endpoint https://…: skip verifying the collector's certificate")
+	sample := fs.Float64("otlp-sample", 1, "with --otlp-endpoint: the fraction of requests traced (a traceparent's sampled flag decides for the requests that carry one)")
+	return func() (ecoOptions, error) {
+		o := ecoOptions{kvEvents: *kv, kvReplay: *replay, kvBuffer: *buffer, kvTopic: *topic, kvDial: *dial, kvRemote: *remote,
+			otlpEndpoint: *otlp, otlpInsecure: *insecure, otlpSampleRate: *sample}
+		var err error
+		if o.kvEncoding, err = kvevents.ParseEncoding(*enc); err != nil {
+			return o, fmt.Errorf("--kv-events-encoding: %w", err)
+		}
+		if o.kvEvents != "" {
+			for _, ep := range []struct{ flag, ep string }{{"kv-events", o.kvEvents}, {"kv-events-replay", o.kvReplay}} {
+				if ep.ep == "" || (ep.flag == "kv-events" && o.kvDial) {
+					continue
+				}
+				host, err := endpointHost(ep.ep)
+				if err != nil {
+					return o, fmt.Errorf("--%s: %w", ep.flag, err)
+				}
+				if !loopback(host) && !o.kvRemote {
+					return o, fmt.Errorf("--%s %s is not a loopback address: the events carry prompt token ids and ZMQ has no authentication here; pass --kv-events-remote to publish there anyway", ep.flag, ep.ep)
+				}
+			}
+		}
+		if o.otlpEndpoint != "" && !strings.HasPrefix(o.otlpEndpoint, "http://") && !strings.HasPrefix(o.otlpEndpoint, "https://") {
+			return o, fmt.Errorf("--otlp-endpoint %q: want an http:// or https:// URL", o.otlpEndpoint)
+		}
+		return o, nil
+	}
+}
+
+// endpointHost returns the host of tcp://HOST:PORT.
+func endpointHost(ep string) (string, error) {
+	addr, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		return "", fmt.Errorf("%q: want tcp://HOST:PORT", ep)
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("%q: %v", ep, err)
+	}
+	return host, nil
+}
+
+// ecosystem is what the ecosystem flags started: the observers the runner must call, the
+// collectors /metrics must add, and what to close once the runner has stopped.
+type ecosystem struct {
+	observers  []runner.Observer
+	collectors []prometheus.Collector
+	closers    []func() error
+	kv         *kvevents.Publisher
+}
+
+// startKVEvents starts the KV-event publisher when --kv-events is given.
+func (eco *ecosystem) startKVEvents(o ecoOptions, logf func(string, ...any)) error {
+	if o.kvEvents == "" {
+		return nil
+	}
+	p, err := kvevents.Start(kvevents.Config{Endpoint: o.kvEvents, Dial: o.kvDial, ReplayEndpoint: o.kvReplay,
+		Buffer: o.kvBuffer, Topic: o.kvTopic, Encoding: o.kvEncoding, Logf: logf})
+	if err != nil {
+		return err
+	}
+	eco.kv = p
+	eco.observers = append(eco.observers, p)
+	eco.closers = append(eco.closers, p.Close)
+	stat := func(f func(kvevents.Stats) float64) func() float64 { return func() float64 { return f(p.Stats()) } }
+	eco.collectors = append(eco.collectors,
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_kv_events_batches_total", Help: "KV event batches sent on the PUB socket."},
+			stat(func(s kvevents.Stats) float64 { return float64(s.Batches) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_kv_events_dropped_batches_total", Help: "KV event batches dropped because the sender fell behind the engine (each loss is followed by a resync)."},
+			stat(func(s kvevents.Stats) float64 { return float64(s.Dropped) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_kv_events_resyncs_total", Help: "KV event batches that started subscribers over (AllBlocksCleared, then every block) after a drop."},
+			stat(func(s kvevents.Stats) float64 { return float64(s.Resyncs) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_kv_events_replays_total", Help: "Replay requests answered."},
+			stat(func(s kvevents.Stats) float64 { return float64(s.Replays) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvtop_kv_event_blocks", Help: "Blocks (full pages of cached sequences) the KV events say the prefix cache holds."},
+			stat(func(s kvevents.Stats) float64 { return float64(s.Blocks) })),
+	)
+	return nil
+}
+
+// start starts what o asks for.
+func (eco *ecosystem) start(o ecoOptions, stderr io.Writer, verbose bool) error {
+	var logf func(string, ...any)
+	if verbose {
+		logf = log.New(stderr, "kvtop serve: ", log.LstdFlags).Printf
+	}
+	if err := eco.startKVEvents(o, logf); err != nil {
+		return err
+	}
+	return nil
+}
+
+// wire adds to the server's options what the ecosystem needs of it.
+func (eco *ecosystem) wire(opts *wire.Options) {}
+
+// describe says where what was started can be reached.
+func (eco *ecosystem) describe(w io.Writer) {
+	if p := eco.kv; p != nil {
+		if a := p.Addr(); a != nil {
+			fmt.Fprintf(w, "  kv events: tcp://%s", a)
+		} else {
+			fmt.Fprintf(w, "  kv events: sent to the subscriber")
+		}
+		if a := p.ReplayAddr(); a != nil {
+			fmt.Fprintf(w, " (replay tcp://%s)", a)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// close closes what was started, in reverse order.
+func (eco *ecosystem) close() error {
+	var errs []error
+	for i := len(eco.closers) - 1; i >= 0; i-- {
+		errs = append(errs, eco.closers[i]())
+	}
+	return errors.Join(errs...)
+}
+
+const kvEventsUsage = `Usage: kvtop kv-events [flags] tcp://HOST:PORT
+
+Subscribes to a vLLM-format KV-event publisher (vLLM, SGLang, TensorRT-LLM, or
+'kvtop serve --kv-events') and prints every event as a JSON line, with the batch's
+sequence number, time and data-parallel rank. With --replay, gaps in the sequence are
+filled from the publisher's replay socket; what it no longer keeps is printed as
+{"seq": N, "missing": M}.
+
+Flags:
+`
+
+// runKVEvents is `kvtop kv-events`.
+func runKVEvents(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return kvEventsCommand(ctx, args, stdout, stderr)
+}
+
+func kvEventsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kvtop kv-events", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, kvEventsUsage)
+		fs.PrintDefaults()
+	}
+	replay := fs.String("replay", "", "the publisher's replay socket, tcp://HOST:PORT")
+	topic := fs.String("topic", "", "the topic to subscribe to (default all)")
+	fromStart := fs.Bool("from-start", false, "with --replay: first print every batch the publisher still keeps")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(stderr, "kvtop kv-events: want one endpoint, tcp://HOST:PORT")
+		fs.Usage()
+		return 2
+	}
+	if *fromStart && *replay == "" {
+		fmt.Fprintln(stderr, "kvtop kv-events: --from-start needs --replay")
+		return 2
+	}
+	for _, ep := range []string{fs.Arg(0), *replay} {
+		if ep == "" {
+			continue
+		}
+		if _, err := endpointHost(ep); err != nil {
+			fmt.Fprintf(stderr, "kvtop kv-events: %v\n", err)
+			return 2
+		}
+	}
+	enc := json.NewEncoder(stdout)
+	err := kvevents.Subscribe(ctx, kvevents.SubscriberConfig{Endpoint: fs.Arg(0), ReplayEndpoint: *replay, Topic: *topic, FromStart: *fromStart},
+		func(m kvevents.Message) error {
+			for _, line := range eventLines(m) {
+				if err := enc.Encode(line); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	if err != nil {
+		fmt.Fprintf(stderr, "kvtop kv-events: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// eventLines turns a message into the JSON lines kv-events prints: one an event.
+func eventLines(m kvevents.Message) []map[string]any {
+	head := func() map[string]any {
+		l := map[string]any{"seq": m.Seq}
+		if m.Topic != "" {
+			l["topic"] = m.Topic
+		}
+		return l
+	}
+	switch {
+	case m.Missing > 0:
+		l := head()
+		l["missing"] = m.Missing
+		return []map[string]any{l}
+	case m.Err != nil:
+		l := head()
+		l["error"] = m.Err.Error()
+		return []map[string]any{l}
+	}
+	var out []map[string]any
+	for _, ev := range m.Batch.Events {
+		l := head()
+		l["ts"] = m.Batch.TS
+		if m.Batch.HasDPRank {
+			l["dp_rank"] = m.Batch.DPRank
+		}
+		if m.Replayed {
+			l["replayed"] = true
+		}
+		// The event's own fields, by their vLLM names; numbers as written (a 64-bit hash
+		// does not fit a float).
+		if raw, err := json.Marshal(ev); err == nil {
+			d := json.NewDecoder(bytes.NewReader(raw))
+			d.UseNumber()
+			_ = d.Decode(&l)
+		}
+		l["type"] = ev.Type()
+		out = append(out, l)
+	}
+	return out
+}
