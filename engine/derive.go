@@ -150,6 +150,9 @@ type source interface {
 	// reserved returns the i-th request's reserved runs of model 0 and the slots received
 	// in each.
 	reserved(i int) ([]pages.Run, []int)
+	// stamps returns when the i-th request arrived, was admitted and started (engine time;
+	// zero for what has not happened).
+	stamps(i int) (arrived, admitted, started int64)
 }
 
 // engineSource and viewSource read the engine's records and a View's for derivation.
@@ -639,4 +642,133 @@ func (pm *PageMap) listSeqs(src source, fs []facts) {
 		}
 	}
 	pm.chainAt = append(pm.chainAt, int32(len(pm.chains)))
+}
+
+// AgeState is a stage a request can wait in, as a fleet's alerts read it: each has the age
+// of its oldest request (Fleet.OldestAge).
+type AgeState uint8
+
+// The stages, each aged from when the request entered it.
+const (
+	AgeWaiting    AgeState = iota // waiting for admission, since it arrived
+	AgePrepared                   // admitted and not started (KV arriving or in), since admission
+	AgeAwaitingKV                 // admitted with KV still to arrive, since admission
+	AgeRunning                    // started, since start_generate
+	NumAgeStates
+)
+
+var ageStateNames = [NumAgeStates]string{"waiting", "prepared", "awaiting_kv", "running"}
+
+func (s AgeState) String() string {
+	if s < NumAgeStates {
+		return ageStateNames[s]
+	}
+	return fmt.Sprintf("age-state(%d)", uint8(s))
+}
+
+// StuckReason says why a stuck request (RequestStatus.Stuck) is stuck.
+type StuckReason uint8
+
+// The reasons.
+const (
+	// StuckBlocked: waiting, with a blocked reason (its own or head-of-line).
+	StuckBlocked StuckReason = iota
+	// StuckAwaitingKV: prepared past the age limit with KV still missing: the prefill
+	// instance never wrote it.
+	StuckAwaitingKV
+	// StuckAwaitingStart: prepared past the age limit with its KV in: the router never
+	// called start_generate.
+	StuckAwaitingStart
+	// StuckLeaked: aborted while prepared; its sequence is still held (as in MLC).
+	StuckLeaked
+	NumStuckReasons
+)
+
+var stuckReasonNames = [NumStuckReasons]string{"blocked", "awaiting_kv", "awaiting_start", "leaked"}
+
+func (r StuckReason) String() string {
+	if r < NumStuckReasons {
+		return stuckReasonNames[r]
+	}
+	return fmt.Sprintf("stuck-reason(%d)", uint8(r))
+}
+
+// Fleet is what a fleet's dashboards and alerts read of an instance beyond Derived: how
+// long the oldest request of each stage has waited, the stuck requests by why, and the
+// pages eviction could free. It is derived on demand (for /metrics), not kept in snapshots.
+type Fleet struct {
+	// OldestAge is, by stage, the age in milliseconds of engine time of its oldest
+	// request; 0 when the stage is empty.
+	OldestAge [NumAgeStates]int64
+	// StuckBy counts the stuck requests by reason; they sum to Derived.Stuck.
+	StuckBy [NumStuckReasons]int
+	// Evictable is the pages that evicting every recycling sequence would give back: what
+	// a request blocked by the watermark waits for while MLC never evicts for it.
+	Evictable int
+}
+
+// fleet derives the Fleet of src from its requests' facts and statuses (in table order).
+func fleet(src source, fs []facts, sts []RequestStatus) Fleet {
+	var f Fleet
+	now := src.now()
+	age := func(s AgeState, since int64) {
+		if a := max(now-since, 0); a > f.OldestAge[s] {
+			f.OldestAge[s] = a
+		}
+	}
+	for i := range fs {
+		st := &sts[i]
+		arrived, admitted, started := src.stamps(i)
+		switch fs[i].state {
+		case StateWaiting:
+			age(AgeWaiting, arrived)
+		case StatePrepared:
+			age(AgePrepared, admitted)
+			age(AgeAwaitingKV, admitted)
+		case StateKVComplete:
+			age(AgePrepared, admitted)
+		case StateRunning:
+			age(AgeRunning, started)
+		}
+		if !st.Stuck {
+			continue
+		}
+		switch st.Condition {
+		case CondBlocked:
+			f.StuckBy[StuckBlocked]++
+		case CondPrepared:
+			f.StuckBy[StuckAwaitingKV]++
+		case CondKVComplete:
+			f.StuckBy[StuckAwaitingStart]++
+		case CondLeaked:
+			f.StuckBy[StuckLeaked]++
+		}
+	}
+	f.Evictable = src.cache().PagesFreedByRemoving(src.recycling())
+	return f
+}
+
+// Fleet derives the engine's Fleet.
+func (e *Engine) Fleet() Fleet {
+	src := engineSource{e}
+	fs := src.facts(nil)
+	var t tally
+	sts := statuses(e.cfg, src.now(), fs, nil, nil, &t)
+	return fleet(src, fs, sts)
+}
+
+// Fleet derives the view's Fleet: the same numbers as the engine's.
+func (v *View) Fleet() Fleet {
+	v.refreshDerived()
+	return fleet(viewSource{v}, v.facts(), v.sts)
+}
+
+func (e engineSource) stamps(i int) (arrived, admitted, started int64) {
+	r := e.e.order[i]
+	return r.arrived.At, r.admitted.At, r.started.At
+}
+
+func (v viewSource) stamps(i int) (arrived, admitted, started int64) {
+	r := v.v.order[i]
+	return r.Arrived.At, r.Admitted.At, r.Started.At
 }

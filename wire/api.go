@@ -72,10 +72,12 @@ func (s *Server) prepRecv(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	start := s.opts.Clock()
 	ans, err := s.r.PrepRecv(r.Context(), pr)
 	if err != nil {
 		return err
 	}
+	s.metrics.prepWait(pr.ID, s.opts.Clock().Sub(start))
 	writeJSON(w, http.StatusOK, PrepRecvAnswer{
 		PromptLength:        ans.PromptLength,
 		PrefixMatchedLength: ans.PrefixMatchedLength,

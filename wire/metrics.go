@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -20,6 +21,13 @@ import (
 
 // metrics are the server's own counters, and the engine's state as /metrics reads it: a
 // View folded from a subscription of its own, so a scrape says what the dashboard would.
+//
+// Labels are per instance, never per request. A tap watching several decode instances
+// (issue 12) is to serve the same collector once per instance through
+// prometheus.WrapRegistererWith(prometheus.Labels{"decode_instance": addr}, reg), which
+// adds the label to every series without changing this file, and to register its own
+// kvtop_tap_divergences_total{decode_instance, cause} beside them; the dashboard and the
+// alerts in deploy/ already aggregate by decode_instance, which is empty here.
 // The subscription is read only when scraped: between scrapes it costs the engine an append
 // to its mailbox (until its backlog fills; then the next scrape starts from a snapshot).
 type metrics struct {
@@ -28,6 +36,8 @@ type metrics struct {
 	sentEvents    atomic.Int64
 	resyncs       atomic.Int64
 	http          *prometheus.CounterVec
+	// wait is how long admitted prep_recv calls waited, with the request id as exemplar.
+	wait prometheus.Histogram
 
 	mu     sync.Mutex
 	sub    *runner.Subscription // made at the first scrape
@@ -83,6 +93,17 @@ func (m *metrics) fold(u feed.Update) bool {
 	return true
 }
 
+// prepWait observes how long an admitted prep_recv call waited for its answer. The request
+// id goes in the exemplar (labels never carry ids), cut to the 128 characters OpenMetrics
+// allows an exemplar's labels.
+func (m *metrics) prepWait(id string, d time.Duration) {
+	const room = 128 - len("request_id")
+	if utf8.RuneCountInString(id) > room {
+		id = string([]rune(id)[:room])
+	}
+	m.wait.(prometheus.ExemplarObserver).ObserveWithExemplar(d.Seconds(), prometheus.Labels{"request_id": id})
+}
+
 func (m *metrics) request(route string, status int) {
 	m.http.WithLabelValues(route, strconv.Itoa(status)).Inc()
 }
@@ -93,15 +114,21 @@ func newMetrics(s *Server) (*prometheus.Registry, *metrics) {
 			Name: "kvtop_http_requests_total",
 			Help: "HTTP calls answered, by endpoint and status code.",
 		}, []string{"route", "code"}),
+		wait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvtop_prep_recv_wait_seconds",
+			Help:    "How long admitted prep_recv calls waited for their answer (admission), with the request id as exemplar.",
+			Buckets: []float64{.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600},
+		}),
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(m.http, &collector{s: s},
+	reg.MustRegister(m.http, m.wait, &collector{s: s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return reg, m
 }
 
 func (s *Server) metricsHandler() func(http.ResponseWriter, *http.Request) error {
-	h := promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+	// OpenMetrics when the scraper asks for it: the format that carries exemplars.
+	h := promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, EnableOpenMetrics: true})
 	return func(w http.ResponseWriter, r *http.Request) error {
 		h.ServeHTTP(w, r)
 		return nil
@@ -119,7 +146,9 @@ var (
 	descCapacity     = desc("kvtop_kv_capacity_tokens", "max_total_sequence_length.")
 	descRequests     = desc("kvtop_requests", "Requests in the engine's table by state (ended ones until retired).", "state")
 	descBlocked      = desc("kvtop_blocked_requests", "Waiting prepare-receive requests by the reason they are not admitted.", "reason")
-	descStuck        = desc("kvtop_stuck_requests", "Requests that need attention: blocked from admission, prepared past the age limit, or leaked.")
+	descStuck        = desc("kvtop_stuck_requests", "Requests that need attention, by reason: blocked (from admission), awaiting_kv (prepared past the age limit, KV missing), awaiting_start (prepared past it with the KV in), leaked.", "reason")
+	descOldest       = desc("kvtop_oldest_request_age_seconds", "Age of the oldest request in each stage, engine time: waiting (since arrival), prepared and awaiting_kv (since admission), running (since start_generate); 0 when none.", "state")
+	descEvictable    = desc("kvtop_kv_evictable_pages", "Pages that evicting every recycling sequence would free: what a request blocked by the watermark waits for while nothing evicts for it.")
 	descBlockedTotal = desc("kvtop_prepare_blocked_total", "Prepare-receive blocked evaluations (a new reason or new numbers) by reason.", "reason")
 	descHitTokens    = desc("kvtop_prefix_hit_tokens_total", "Prompt tokens matched by the prefix cache.")
 	descAltHitTokens = desc("kvtop_prefix_counterfactual_hit_tokens_total", "Prompt tokens the counterfactual prefix cache matched: the same requests under the other eviction order (policy), tokens only.", "policy")
@@ -149,7 +178,7 @@ type collector struct{ s *Server }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descUp, descPages, descSeqLen, descCapacity, descRequests, descBlocked,
-		descStuck, descBlockedTotal, descHitTokens, descAltHitTokens, descQueryTokens, descSteps, descHazards, descArrived, descAdmitted,
+		descStuck, descOldest, descEvictable, descBlockedTotal, descHitTokens, descAltHitTokens, descQueryTokens, descSteps, descHazards, descArrived, descAdmitted,
 		descStarted, descFinished, descAborted, descPreempted, descKVTokens, descGenerated, descRecycled,
 		descEvicted, descPaused, descRate, descClients, descDropped, descSent, descResyncs} {
 		ch <- d
@@ -205,7 +234,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descBlocked, float64(d.BlockedBy[r]), r.String())
 		counter(descBlockedTotal, float64(t.Blocked[r]), r.String())
 	}
-	gauge(descStuck, float64(d.Stuck))
+	f := v.Fleet()
+	for r, n := range f.StuckBy {
+		gauge(descStuck, float64(n), engine.StuckReason(r).String())
+	}
+	for st, ms := range f.OldestAge {
+		gauge(descOldest, float64(ms)/1000, engine.AgeState(st).String())
+	}
+	gauge(descEvictable, float64(f.Evictable))
 	ps := v.PrefixStats()
 	counter(descHitTokens, float64(ps.HitTokens))
 	counter(descQueryTokens, float64(ps.QueryTokens))
