@@ -144,6 +144,7 @@ var (
 	descPages        = desc("kvtop_kv_pages", "KV cache pages by state (model 0; every model is alike): free, active, shared, recycling, prepared (KV in, awaiting start_generate), awaiting-kv, partly-received, leaked.", "state")
 	descSeqLen       = desc("kvtop_kv_sequence_length_tokens", "TotalSequenceLength: tokens held by all sequences, a shared prefix once per sharer.")
 	descCapacity     = desc("kvtop_kv_capacity_tokens", "max_total_sequence_length.")
+	descWatermark    = desc("kvtop_kv_watermark_pages", "The prepare-receive watermark: free pages an admission must leave (400 in MLC).")
 	descRequests     = desc("kvtop_requests", "Requests in the engine's table by state (ended ones until retired).", "state")
 	descBlocked      = desc("kvtop_blocked_requests", "Waiting prepare-receive requests by the reason they are not admitted.", "reason")
 	descStuck        = desc("kvtop_stuck_requests", "Requests that need attention, by reason: blocked (from admission), awaiting_kv (prepared past the age limit, KV missing), awaiting_start (prepared past it with the KV in), leaked.", "reason")
@@ -177,7 +178,7 @@ var (
 type collector struct{ s *Server }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descUp, descPages, descSeqLen, descCapacity, descRequests, descBlocked,
+	for _, d := range []*prometheus.Desc{descUp, descPages, descSeqLen, descCapacity, descWatermark, descRequests, descBlocked,
 		descStuck, descOldest, descEvictable, descBlockedTotal, descHitTokens, descAltHitTokens, descQueryTokens, descSteps, descHazards, descArrived, descAdmitted,
 		descStarted, descFinished, descAborted, descPreempted, descKVTokens, descGenerated, descRecycled,
 		descEvicted, descPaused, descRate, descClients, descDropped, descSent, descResyncs} {
@@ -226,6 +227,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(descSeqLen, float64(d.TotalSeqLen))
 	gauge(descCapacity, float64(v.Config().MaxTotalSequenceLength))
+	gauge(descWatermark, float64(v.Config().Watermark))
 	for _, st := range engine.States() {
 		gauge(descRequests, float64(d.Requests[st]), st.String())
 	}
