@@ -19,12 +19,10 @@ import (
 
 	"github.com/kvtop/kvtop/engine/runner"
 	"github.com/kvtop/kvtop/kvevents"
-	"github.com/kvtop/kvtop/wire"
 )
 
 // ecoOptions are serve's flags for the systems around a decode instance: KV events for
-// KV-aware routers and request traces for a tracing backend. Everything is off unless its
-// flag is given.
+// KV-aware routers. Everything is off unless its flag is given.
 type ecoOptions struct {
 	kvEvents       string // PUB endpoint, tcp://HOST:PORT
 	kvReplay       string // ROUTER endpoint for replay
@@ -33,15 +31,11 @@ type ecoOptions struct {
 	kvTopic        string
 	kvDial         bool
 	kvRemote       bool
-	otlpEndpoint   string
-	otlpInsecure   bool
-	otlpSampleRate float64
 }
 
 // ecoBounds are the ranges of the ecosystem flags.
 var ecoBounds = map[string]bound{
 	"kv-events-buffer": ints(1, 1<<20),
-	"otlp-sample":      floats(0, 1, false),
 }
 
 // ecoFlags registers the ecosystem flags on fs and returns the function that checks them.
@@ -53,12 +47,8 @@ func ecoFlags(fs *flag.FlagSet) func() (ecoOptions, error) {
 	topic := fs.String("kv-events-topic", "", "with --kv-events: the topic of every message")
 	dial := fs.Bool("kv-events-dial", false, "with --kv-events: connect the PUB socket to a subscriber that listens (llm-d's indexer) instead of listening")
 	remote := fs.Bool("kv-events-remote", false, "with --kv-events: allow a non-loopback address; the events carry prompt token ids and ZMQ has no authentication here")
-	otlp := fs.String("otlp-endpoint", "", "export request traces over OTLP/HTTP to this URL (http://collector:4318); off by default")
-	insecure := fs.Bool("otlp-insecure", false, "with --otlp-endpoint https://…: skip verifying the collector's certificate")
-	sample := fs.Float64("otlp-sample", 1, "with --otlp-endpoint: the fraction of requests traced (a traceparent's sampled flag decides for the requests that carry one)")
 	return func() (ecoOptions, error) {
-		o := ecoOptions{kvEvents: *kv, kvReplay: *replay, kvBuffer: *buffer, kvTopic: *topic, kvDial: *dial, kvRemote: *remote,
-			otlpEndpoint: *otlp, otlpInsecure: *insecure, otlpSampleRate: *sample}
+		o := ecoOptions{kvEvents: *kv, kvReplay: *replay, kvBuffer: *buffer, kvTopic: *topic, kvDial: *dial, kvRemote: *remote}
 		var err error
 		if o.kvEncoding, err = kvevents.ParseEncoding(*enc); err != nil {
 			return o, fmt.Errorf("--kv-events-encoding: %w", err)
@@ -76,9 +66,6 @@ func ecoFlags(fs *flag.FlagSet) func() (ecoOptions, error) {
 					return o, fmt.Errorf("--%s %s is not a loopback address: the events carry prompt token ids and ZMQ has no authentication here; pass --kv-events-remote to publish there anyway", ep.flag, ep.ep)
 				}
 			}
-		}
-		if o.otlpEndpoint != "" && !strings.HasPrefix(o.otlpEndpoint, "http://") && !strings.HasPrefix(o.otlpEndpoint, "https://") {
-			return o, fmt.Errorf("--otlp-endpoint %q: want an http:// or https:// URL", o.otlpEndpoint)
 		}
 		return o, nil
 	}
@@ -146,9 +133,6 @@ func (eco *ecosystem) start(o ecoOptions, stderr io.Writer, verbose bool) error 
 	}
 	return nil
 }
-
-// wire adds to the server's options what the ecosystem needs of it.
-func (eco *ecosystem) wire(opts *wire.Options) {}
 
 // describe says where what was started can be reached.
 func (eco *ecosystem) describe(w io.Writer) {

@@ -17,8 +17,8 @@ func TestEcosystemFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.eco.kvEvents != "" || o.eco.otlpEndpoint != "" {
-		t.Errorf("parseServe() = %+v: want KV events and traces off", o.eco)
+	if o.eco.kvEvents != "" {
+		t.Errorf("parseServe() = %+v: want KV events off", o.eco)
 	}
 	for _, c := range []struct {
 		args []string
@@ -28,7 +28,6 @@ func TestEcosystemFlags(t *testing.T) {
 		{[]string{"--kv-events", "tcp://0.0.0.0:5557"}, "not a loopback address"},
 		{[]string{"--kv-events", "tcp://127.0.0.1:5557", "--kv-events-replay", "tcp://10.1.1.1:5558"}, "not a loopback address"},
 		{[]string{"--kv-events", "tcp://127.0.0.1:5557", "--kv-events-encoding", "json"}, "unknown encoding"},
-		{[]string{"--otlp-endpoint", "collector:4318"}, "want an http:// or https:// URL"},
 	} {
 		_, err := parseServe(c.args, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
