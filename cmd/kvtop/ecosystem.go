@@ -24,13 +24,13 @@ import (
 // ecoOptions are serve's flags for the systems around a decode instance: KV events for
 // KV-aware routers. Everything is off unless its flag is given.
 type ecoOptions struct {
-	kvEvents       string // PUB endpoint, tcp://HOST:PORT
-	kvReplay       string // ROUTER endpoint for replay
-	kvBuffer       int
-	kvEncoding     kvevents.Encoding
-	kvTopic        string
-	kvDial         bool
-	kvRemote       bool
+	kvEvents   string // PUB endpoint, tcp://HOST:PORT
+	kvReplay   string // ROUTER endpoint for replay
+	kvBuffer   int
+	kvEncoding kvevents.Encoding
+	kvTopic    string
+	kvDial     bool
+	kvRemote   bool
 }
 
 // ecoBounds are the ranges of the ecosystem flags.
