@@ -73,28 +73,28 @@ func (p *Player) Run(ctx context.Context) {
 	p.mu.Unlock()
 	defer close(p.done)
 	defer p.mb.Close()
-	items := p.rec.items
-	view, err := engine.NewView(*items[0].snap)
+	items := p.rec.h
+	view, err := engine.NewView(*items.At(0).Snapshot)
 	if err != nil {
 		p.setLink(feed.LinkClosed, err.Error())
 		return
 	}
-	snap := *items[0].snap
+	snap := *items.At(0).Snapshot
 	p.mb.Snapshot(&snap)
 	pos := 1
-	recNow := items[0].at
+	recNow := items.At(0).Stamp.At
 	// While paused, a step request plays everything stamped up to target: an engine step
 	// and the calls that came after it.
 	stepping, target := false, uint64(0)
-	cur := items[0].step
+	cur := items.At(0).Stamp.Step
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
 		p.mu.Lock()
 		paused, speed := p.status.Paused, p.status.Target
 		p.mu.Unlock()
-		atEnd := pos >= len(items)
-		if stepping && (atEnd || items[pos].step > target) {
+		atEnd := pos >= items.Len()
+		if stepping && (atEnd || items.At(pos).Stamp.Step > target) {
 			stepping = false
 		}
 		var wait time.Duration
@@ -104,12 +104,12 @@ func (p *Player) Run(ctx context.Context) {
 		case stepping:
 			wait = 0
 		default:
-			gap := time.Duration(items[pos].at-recNow) * time.Millisecond
+			gap := time.Duration(items.At(pos).Stamp.At-recNow) * time.Millisecond
 			wait = min(max(gap, 0), maxGap)
 			wait = time.Duration(float64(wait) / speed)
 		}
 		if atEnd {
-			p.setLink(feed.LinkUp, fmt.Sprintf("end of the recording at step %d", items[len(items)-1].step))
+			p.setLink(feed.LinkUp, fmt.Sprintf("end of the recording at step %d", items.At(items.Len()-1).Stamp.Step))
 		}
 		if wait != 0 {
 			fired := false
@@ -147,8 +147,8 @@ func (p *Player) Run(ctx context.Context) {
 					}
 					view, pos, stepping = v, next, false
 					cur = uint64(c.N)
-					if pos < len(items) {
-						recNow = items[pos].at
+					if pos < items.Len() {
+						recNow = items.At(pos).Stamp.At
 					}
 					s := view.Snapshot()
 					p.mb.Snapshot(&s)
@@ -163,22 +163,22 @@ func (p *Player) Run(ctx context.Context) {
 			}
 		}
 		// Release the next recorded item.
-		it := items[pos]
+		it := items.At(pos)
 		pos++
-		recNow, cur = it.at, it.step
-		if it.snap != nil {
-			v, err := engine.NewView(*it.snap)
+		recNow, cur = it.Stamp.At, it.Stamp.Step
+		if it.Snapshot != nil {
+			v, err := engine.NewView(*it.Snapshot)
 			if err == nil {
 				view = v
 			}
-			s := *it.snap
+			s := *it.Snapshot
 			p.mb.Snapshot(&s)
 			continue
 		}
-		if err := view.Apply(it.ev); err != nil {
+		if err := view.Apply(it.Event); err != nil {
 			p.setLink(feed.LinkUp, err.Error())
 		}
-		if !p.mb.Offer([]engine.Event{it.ev}) && p.mb.Owed() {
+		if !p.mb.Offer([]engine.Event{it.Event}) && p.mb.Owed() {
 			// The dashboard fell behind: the state so far replaces what it lost.
 			s := view.Snapshot()
 			p.mb.Snapshot(&s)

@@ -105,7 +105,7 @@ func (r *Recorder) Close() error {
 func Load(r io.Reader) (*Recording, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 1<<20), 1<<30)
-	rec := &Recording{}
+	rec := &Recording{h: feed.NewHistory(feed.HistoryLimits{})}
 	var view *engine.View
 	line := 0
 	for sc.Scan() {
@@ -125,7 +125,7 @@ func Load(r io.Reader) (*Recording, error) {
 				return nil, fmt.Errorf("record: line %d: %w", line, err)
 			}
 			view = v
-			rec.items = append(rec.items, item{snap: f.Snapshot, step: f.Snapshot.Stamp.Step, at: f.Snapshot.Stamp.At})
+			rec.h.AddSnapshot(f.Snapshot)
 		case protocol.FrameEvents:
 			if view == nil {
 				return nil, fmt.Errorf("record: line %d: events before any snapshot", line)
@@ -134,9 +134,8 @@ func Load(r io.Reader) (*Recording, error) {
 				if err := view.Apply(ev); err != nil {
 					return nil, fmt.Errorf("record: line %d: %w", line, err)
 				}
-				st := ev.When()
-				rec.items = append(rec.items, item{ev: ev, step: st.Step, at: st.At})
 			}
+			rec.h.AddEvents(f.Events)
 		case protocol.FrameDropped:
 			rec.Dropped += f.Dropped.Count
 		case protocol.FrameStatus, protocol.FrameHello, protocol.FrameError:
@@ -145,7 +144,7 @@ func Load(r io.Reader) (*Recording, error) {
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("record: line %d: %w", line+1, err)
 	}
-	if len(rec.items) == 0 {
+	if rec.h.Len() == 0 {
 		return nil, fmt.Errorf("record: the recording holds no snapshot")
 	}
 	return rec, nil
@@ -165,51 +164,24 @@ func Open(path string) (*Recording, error) {
 	return rec, nil
 }
 
-// Recording is a loaded recording: snapshots and events in order.
+// Recording is a loaded recording: snapshots and events in order, held as the unbounded
+// feed.History the player walks and seeks in.
 type Recording struct {
-	items []item
+	h *feed.History
 	// Dropped is how many events the recording dashboard lost (the snapshot after each loss
 	// is in the recording).
 	Dropped uint64
 }
 
-type item struct {
-	snap *engine.Snapshot // a snapshot, or
-	ev   engine.Event     // an event
-	step uint64
-	at   int64
-}
-
 // Steps returns the first and last step numbers the recording covers.
 func (rec *Recording) Steps() (first, last uint64) {
-	return rec.items[0].step, rec.items[len(rec.items)-1].step
+	first, last, _ = rec.h.Steps()
+	return first, last
 }
 
 // StateAt returns the state after everything recorded up to and including step: the last
-// snapshot at or before it with the events after it applied. It is how a player seeks.
+// snapshot at or before it with the events after it applied (feed.History.StateAt), and
+// the index of the entry after it. It is how a player seeks.
 func (rec *Recording) StateAt(step uint64) (*engine.View, int, error) {
-	start := 0
-	for i, it := range rec.items {
-		if it.snap != nil && (it.step <= step || i == 0) {
-			start = i
-		}
-	}
-	v, err := engine.NewView(*rec.items[start].snap)
-	if err != nil {
-		return nil, 0, err
-	}
-	i := start + 1
-	for ; i < len(rec.items) && rec.items[i].step <= step; i++ {
-		it := rec.items[i]
-		if it.snap != nil {
-			if v, err = engine.NewView(*it.snap); err != nil {
-				return nil, 0, err
-			}
-			continue
-		}
-		if err := v.Apply(it.ev); err != nil {
-			return nil, 0, err
-		}
-	}
-	return v, i, nil
+	return rec.h.StateAt(step)
 }
