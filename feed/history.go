@@ -40,6 +40,7 @@ type History struct {
 	start   int   // entries[start:] are held; those before are zero
 	snaps   []int // indexes in entries of the snapshots held, ascending
 	bytes   int64
+	events  int // events held
 	since   int // events since the last snapshot
 	every   int // events between checkpoints, set by the last snapshot's size
 }
@@ -111,6 +112,7 @@ func (h *History) AddEvents(evs []engine.Event) {
 		h.push(Entry{Event: ev, Stamp: ev.When(), size: EventBytes(ev)})
 	}
 	h.since += len(evs)
+	h.events += len(evs)
 	h.trim()
 }
 
@@ -161,6 +163,9 @@ func (h *History) trim() {
 		next := h.snaps[1]
 		for i := h.start; i < next; i++ {
 			h.bytes -= h.entries[i].size
+			if h.entries[i].Event != nil {
+				h.events--
+			}
 			h.entries[i] = Entry{} // let the events go
 		}
 		h.start = next
@@ -180,6 +185,9 @@ func (h *History) Len() int { return len(h.entries) - h.start }
 
 // At returns entry i, oldest first.
 func (h *History) At(i int) Entry { return h.entries[h.start+i] }
+
+// Events returns how many of the entries held are events.
+func (h *History) Events() int { return h.events }
 
 // Bytes returns the estimated memory of what is held.
 func (h *History) Bytes() int64 { return h.bytes }

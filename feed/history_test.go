@@ -138,6 +138,15 @@ func TestHistoryBounds(t *testing.T) {
 			if lim.Bytes > 0 && vw.h.Bytes() > lim.Bytes {
 				t.Fatalf("%+v: %d bytes held", lim, vw.h.Bytes())
 			}
+			n := 0
+			for i := range vw.h.Len() {
+				if vw.h.At(i).Event != nil {
+					n++
+				}
+			}
+			if n != vw.h.Events() {
+				t.Fatalf("%+v: Events() = %d, %d held", lim, vw.h.Events(), n)
+			}
 			trimmed = trimmed || first > 0
 			maxSpan, maxBytes = max(maxSpan, span), max(maxBytes, vw.h.Bytes())
 		}
@@ -182,12 +191,12 @@ func TestHistoryNeedsASnapshot(t *testing.T) {
 	e, _ := engine.New(engine.DefaultConfig())
 	s := e.Snapshot()
 	h.Add(feed.Update{Snapshot: &s, Events: []engine.Event{engine.StepCompleted{Stamp: engine.Stamp{Step: 1}}}})
-	if h.Len() != 2 || h.Bytes() <= 0 {
-		t.Errorf("Len() = %d, Bytes() = %d after a snapshot and an event; want 2 and some", h.Len(), h.Bytes())
+	if h.Len() != 2 || h.Events() != 1 || h.Bytes() <= 0 {
+		t.Errorf("Len() = %d, Events() = %d, Bytes() = %d after a snapshot and an event; want 2, 1 and some", h.Len(), h.Events(), h.Bytes())
 	}
 	h.Reset()
-	if h.Len() != 0 || h.Bytes() != 0 || h.Snapshots() != 0 {
-		t.Errorf("after Reset: Len %d, Bytes %d, Snapshots %d; want all 0", h.Len(), h.Bytes(), h.Snapshots())
+	if h.Len() != 0 || h.Events() != 0 || h.Bytes() != 0 || h.Snapshots() != 0 {
+		t.Errorf("after Reset: Len %d, Events %d, Bytes %d, Snapshots %d; want all 0", h.Len(), h.Events(), h.Bytes(), h.Snapshots())
 	}
 }
 

@@ -39,6 +39,14 @@ type Styles struct {
 	Fail      lipgloss.Style // the one that failed
 	Footer    lipgloss.Style
 	Error     lipgloss.Style
+	// Chart colours each chart's plot (by chartTone); Marker the step a rewound view draws,
+	// on the charts and the scrubber.
+	Chart  [numTones]lipgloss.Style
+	Marker lipgloss.Style
+	// Border draws the overview's boxes; Focus the focused one's, which is also drawn in
+	// heavy lines, so that it shows without colour.
+	Border lipgloss.Style
+	Focus  lipgloss.Style
 	// Cell styles a page of each state; CellMark a page of the selected request; CellCursor
 	// the page map's cursor.
 	Cell       [numPageStates]lipgloss.Style
@@ -99,6 +107,19 @@ func DefaultStyles(isDark bool) Styles {
 		Help:      help.DefaultStyles(isDark),
 		Prompt:    promptStyles(base, base.Foreground(dim)),
 	}
+	for i, fg := range [numTones]color.Color{
+		toneGood:   ld(c("2"), c("10")),
+		toneWarn:   ld(c("3"), c("11")),
+		toneInfo:   ld(c("6"), c("14")),
+		toneCalm:   ld(c("4"), c("12")),
+		toneHazard: ld(c("5"), c("13")),
+		toneBad:    ld(c("1"), c("9")),
+	} {
+		s.Chart[i] = base.Foreground(fg)
+	}
+	s.Marker = base.Reverse(true).Bold(true)
+	s.Border = base.Foreground(dim)
+	s.Focus = base.Bold(true).Foreground(ld(c("5"), c("13")))
 	cell := [numPageStates]color.Color{
 		pgFree:      dim,
 		pgActive:    ld(c("2"), c("10")),
@@ -148,6 +169,12 @@ func PlainStyles() Styles {
 		Glyph:     glyphs,
 		Prompt:    promptStyles(base, base),
 	}
+	for i := range s.Chart {
+		s.Chart[i] = base
+	}
+	s.Marker = base.Reverse(true).Bold(true)
+	s.Border = base
+	s.Focus = base.Bold(true)
 	for i := range s.Cell {
 		s.Cell[i] = base
 		s.CellMark[i] = base.Reverse(true)
