@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/record"
@@ -64,7 +65,7 @@ Flags:
 	if *seek >= 0 {
 		_ = p.Control(feed.Control{Op: feed.ControlSeek, N: *seek})
 	}
-	opts := ui.Options{Control: true, NoColor: *noColor, Light: *light}
+	opts := ui.Options{Control: true, NoColor: *noColor, Light: *light, Record: recordIn(".", time.Now)}
 	if err := ui.Run(ctx, p, opts); err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintf(stderr, "kvtop replay: %v\n", err)
 		return 1
