@@ -211,7 +211,7 @@ var charts = []chartDef{
 // Chart geometry: the axis labels' width, and the narrowest chart worth drawing.
 const (
 	axisW     = 5
-	minChartW = 30
+	minChartW = 36
 	maxPlotH  = 12
 )
 

@@ -329,7 +329,23 @@ func firstAdmitted(s *script, ids []string, k int) string {
 // prepared requests pile up awaiting KV until the watermark blocks the queue; at step 150
 // a prepared request is aborted (it leaks) and one is started before its KV (hazards);
 // then the writes resume and the backlog drains.
+//
+// It is built once and shared: the tests only read it.
 func longRun(tb testing.TB) *script {
+	tb.Helper()
+	longRunOnce.Do(func() { longRunScript = buildLongRun(tb) })
+	if longRunScript == nil {
+		tb.Fatal("the long run did not build")
+	}
+	return longRunScript
+}
+
+var (
+	longRunOnce   sync.Once
+	longRunScript *script
+)
+
+func buildLongRun(tb testing.TB) *script {
 	s := newScript(tb, func(c *engine.Config) {
 		c.MaxTotalSequenceLength = 16384 // 1,025 pages
 		c.MaxRecycling = 8

@@ -20,7 +20,8 @@ func press(m *Model, keys ...string) {
 		if cmd == nil {
 			continue
 		}
-		if msg, ok := cmd().(controlDoneMsg); ok {
+		switch msg := cmd().(type) {
+		case controlDoneMsg, seekMsg:
 			m.Update(msg)
 		}
 	}

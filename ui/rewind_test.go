@@ -206,3 +206,41 @@ func humanizeComma(n uint64) string {
 	}
 	return s
 }
+
+// The history is bounded: rewinding stops at the oldest step it holds, and says so; a
+// source that starts over from an earlier step (another engine) empties it and ends the
+// rewind.
+func TestRewindWithinTheHistory(t *testing.T) {
+	s := longRun(t)
+	m, _ := feedModel(t, nil, Options{History: feed.HistoryLimits{Steps: 100}}, 120, 40)
+	snap := s.snap
+	m.Update(updateMsg{feed.Update{Snapshot: &snap}})
+	for from := 0; from < len(s.events); from += 100 {
+		m.Update(updateMsg{feed.Update{Events: s.events[from:min(from+100, len(s.events))]}})
+	}
+	first, last, _ := m.hist.Steps()
+	if last != 300 || last-first > 100 || last-first < 80 {
+		t.Fatalf("the history holds steps %d–%d, want the last 80 to 100", first, last)
+	}
+	press(m, "{", "{", "{")
+	if m.rw == nil || m.rw.step != first {
+		t.Fatalf("{ three times: rewound to %v, want the oldest step held, %d", m.rw, first)
+	}
+	if !reflect.DeepEqual(m.drawn().view.Snapshot(), s.states[first].snap) {
+		t.Errorf("the oldest step held is not the engine's state at step %d", first)
+	}
+	press(m, "[")
+	if m.rw.step != first || !strings.Contains(m.message, "the oldest the history holds") {
+		t.Errorf("[ at the oldest step: at %d, message %q", m.rw.step, m.message)
+	}
+	press(m, ":", "1", "0", "enter")
+	if m.rw.step != first {
+		t.Errorf(": 10, before the history: at %d", m.rw.step)
+	}
+	// Another engine: its snapshot is at step 0.
+	again := s.snap
+	m.Update(updateMsg{feed.Update{Snapshot: &again}})
+	if m.rw != nil || m.hist.Len() != 1 {
+		t.Errorf("a snapshot from an earlier step: rewound %v, %d entries held; want live, the new snapshot alone", m.rw, m.hist.Len())
+	}
+}
