@@ -26,10 +26,9 @@ type chartsPanel struct {
 	mark int64
 	held uint64
 
-	geo   chartGeo // where the last render put the plots and the scrubber, for the mouse
-	paint chartPaint
-	out   string
-	key   struct {
+	geo chartGeo // where the last render put the plots and the scrubber, for the mouse
+	out string
+	key struct {
 		ver           uint64
 		width, height int
 		mark          int64
@@ -45,36 +44,6 @@ type chartGeo struct {
 	cols   int    // cells across a plot
 	scrub  rect   // the scrubber's bar
 	bucket int    // samples a braille column
-}
-
-// chartPaint is the styles a render paints with, cut around their text once per Styles
-// (cellParts): a frame of charts is a few hundred styled runs, and Style.Render costs
-// microseconds each.
-type chartPaint struct {
-	gen                      int
-	tone                     [numTones]cellParts
-	marker, dim, value, live cellParts
-}
-
-func (c *chartPaint) of(st *Styles, gen int) {
-	if c.gen == gen && c.dim.glyph != "" {
-		return
-	}
-	c.gen = gen
-	for i := range c.tone {
-		c.tone[i] = splitStyle(st.Chart[i], "x")
-	}
-	c.marker, c.dim, c.value, c.live = splitStyle(st.Marker, "x"), splitStyle(st.Dim, "x"), splitStyle(st.Value, "x"), splitStyle(st.Good, "x")
-}
-
-// paint writes text in a style cut by splitStyle.
-func paint(b *strings.Builder, c cellParts, text string) {
-	if text == "" {
-		return
-	}
-	b.WriteString(c.open)
-	b.WriteString(text)
-	b.WriteString(c.close)
 }
 
 // rect is a rectangle of cells.
@@ -97,11 +66,14 @@ type chartDef struct {
 }
 
 // chartSeries is one series of a chart: its name, the metric a braille column plots, and
-// its value at a sample, written for the title.
+// its value at a sample, written for the title. A gauge's column is read off the buckets'
+// worst gauges (series.worst), which a render takes once for every chart; m says the same
+// of any stretch.
 type chartSeries struct {
-	name string
-	m    metric
-	now  func(s *series, k int) string
+	name  string
+	m     metric
+	now   func(s *series, k int) string
+	gauge func(*gauges) int32
 }
 
 // chartTone is a chart's colour.
@@ -169,41 +141,41 @@ func niceOf(_ *series, seen float64) float64 { return niceTop(seen) }
 // charts are the dashboard's charts, in the order the grid lays them out.
 var charts = []chartDef{
 	{
-		area:  chartSeries{"free pages", gaugeMin(free), field(free)},
+		area:  chartSeries{"free pages", gaugeMin(free), field(free), func(g *gauges) int32 { return g.free }},
 		level: func(s *series) float64 { return float64(s.watermark) },
 		top:   func(s *series, _ float64) float64 { return float64(max(s.pages, 1)) },
 		tone:  toneGood,
 	},
 	{
-		line: chartSeries{"waiting", gaugeMax(waiting), field(waiting)},
-		area: chartSeries{"blocked", gaugeMax(blocked), field(blocked)},
+		line: chartSeries{"waiting", gaugeMax(waiting), field(waiting), func(g *gauges) int32 { return g.waiting }},
+		area: chartSeries{"blocked", gaugeMax(blocked), field(blocked), func(g *gauges) int32 { return g.blocked }},
 		top:  niceOf, tone: toneWarn, lineFirst: true,
 	},
 	{
-		line: chartSeries{"prepared", gaugeMax(prepared), field(prepared)},
-		area: chartSeries{"awaiting KV", gaugeMax(awaiting), field(awaiting)},
+		line: chartSeries{"prepared", gaugeMax(prepared), field(prepared), func(g *gauges) int32 { return g.prepared }},
+		area: chartSeries{"awaiting KV", gaugeMax(awaiting), field(awaiting), func(g *gauges) int32 { return g.awaiting }},
 		top:  niceOf, tone: toneInfo, lineFirst: true,
 	},
 	{
-		area: chartSeries{"running", gaugeMax(running), field(running)},
+		area: chartSeries{"running", gaugeMax(running), field(running), func(g *gauges) int32 { return g.running }},
 		top:  niceOf, tone: toneGood,
 	},
 	{
-		area: chartSeries{"admitted", perSecond(admitted), rateNow(perSecond(admitted))},
-		line: chartSeries{"finished", perSecond(finished), rateNow(perSecond(finished))},
+		area: chartSeries{"admitted", perSecond(admitted), rateNow(perSecond(admitted)), nil},
+		line: chartSeries{"finished", perSecond(finished), rateNow(perSecond(finished)), nil},
 		top:  niceOf, tone: toneCalm,
 	},
 	{
-		area: chartSeries{"prefix hit", percent(hits, queries), ratioNow(hits, queries)},
-		line: chartSeries{"other order", percent(cfHits, cfQuery), ratioNow(cfHits, cfQuery)},
+		area: chartSeries{"prefix hit", percent(hits, queries), ratioNow(hits, queries), nil},
+		line: chartSeries{"other order", percent(cfHits, cfQuery), ratioNow(cfHits, cfQuery), nil},
 		top:  func(*series, float64) float64 { return 100 }, tone: toneInfo,
 	},
 	{
-		area: chartSeries{"steps", perSecond(steps), rateNow(perSecond(steps))},
+		area: chartSeries{"steps", perSecond(steps), rateNow(perSecond(steps)), nil},
 		top:  niceOf, tone: toneCalm,
 	},
 	{
-		area: chartSeries{"hazards", delta(hazards), func(s *series, k int) string { return humanize.Comma(int64(s.at(k).hazards)) }},
+		area: chartSeries{"hazards", delta(hazards), func(s *series, k int) string { return humanize.Comma(int64(s.at(k).hazards)) }, nil},
 		top:  niceOf, tone: toneHazard,
 	},
 }
@@ -307,7 +279,6 @@ func (p chartsPanel) Refresh() chartsPanel {
 	k.ver, k.width, k.height, k.mark, k.held, k.styleGen = p.s.ver, p.width, p.height, p.mark, p.held, p.styleGen
 	if k != p.key || p.out == "" {
 		p.key = k
-		p.paint.of(p.st, p.styleGen)
 		p.out, p.geo = p.render()
 	}
 	return p
@@ -352,6 +323,7 @@ func (p chartsPanel) render() (string, chartGeo) {
 		markIdx = s.index(uint64(p.mark))
 		markCol = g.column(max(markIdx, 0))
 	}
+	aggs := s.worst(bucket, nil)
 	var b strings.Builder
 	for row := range rows {
 		blocks := make([][]string, 0, cols)
@@ -363,7 +335,7 @@ func (p chartsPanel) render() (string, chartGeo) {
 			x := c * (cw + gap)
 			y := row * (1 + plotH)
 			g.plots = append(g.plots, rect{x: x + axisW + 1, y: y + 1, w: pw, h: plotH})
-			blocks = append(blocks, p.chart(charts[i], cw, pw, plotH, bucket, markIdx, markCol))
+			blocks = append(blocks, p.chart(charts[i], aggs, cw, pw, plotH, bucket, markIdx, markCol))
 		}
 		for line := range 1 + plotH {
 			for c, bl := range blocks {
@@ -406,7 +378,7 @@ func (p chartsPanel) title(d chartDef, k int) string {
 		if k >= 0 {
 			v = c.now(s, k)
 		}
-		paint(&t, p.paint.value, v)
+		paint(&t, p.st.cut.value, v)
 	}
 	switch {
 	case !two:
@@ -427,20 +399,25 @@ func (p chartsPanel) title(d chartDef, k int) string {
 }
 
 // chart draws one chart cw wide: its title, then plotH rows of axis label and plot.
-func (p chartsPanel) chart(d chartDef, cw, pw, plotH, bucket, markIdx, markCol int) []string {
+func (p chartsPanel) chart(d chartDef, aggs []gauges, cw, pw, plotH, bucket, markIdx, markCol int) []string {
 	s := p.s
 	n := s.len()
 	used := (n + bucket - 1) / bucket
 	off := 2*pw - used
 	pl := plot{w: pw, h: plotH, level: none, from: off}
 	seen := 0.0
-	values := func(m metric) []float64 {
+	values := func(c chartSeries) []float64 {
 		out := make([]float64, 2*pw)
 		for x := range out {
 			out[x] = none
 		}
 		for k := range used {
-			v := m(s, k*bucket, min((k+1)*bucket, n))
+			var v float64
+			if c.gauge != nil {
+				v = float64(c.gauge(&aggs[k]))
+			} else {
+				v = c.m(s, k*bucket, min((k+1)*bucket, n))
+			}
 			out[off+k] = v
 			if !math.IsNaN(v) {
 				seen = max(seen, v)
@@ -448,9 +425,9 @@ func (p chartsPanel) chart(d chartDef, cw, pw, plotH, bucket, markIdx, markCol i
 		}
 		return out
 	}
-	pl.area = values(d.area.m)
+	pl.area = values(d.area)
 	if d.hasLine(s) {
-		pl.line = values(d.line.m)
+		pl.line = values(d.line)
 	}
 	if d.level != nil {
 		pl.level = d.level(s)
@@ -459,7 +436,7 @@ func (p chartsPanel) chart(d chartDef, cw, pw, plotH, bucket, markIdx, markCol i
 
 	out := []string{pad(fit(p.title(d, markIdx), cw), cw)}
 
-	tone := p.paint.tone[d.tone]
+	tone := p.st.cut.chart[d.tone]
 	var line strings.Builder
 	for r, cells := range pl.cells() {
 		label := ""
@@ -470,11 +447,11 @@ func (p chartsPanel) chart(d chartDef, cw, pw, plotH, bucket, markIdx, markCol i
 			label = "0"
 		}
 		line.Reset()
-		paint(&line, p.paint.dim, padLeft(label, axisW))
+		paint(&line, p.st.cut.dim, padLeft(label, axisW))
 		line.WriteByte(' ')
 		if markCol >= 0 && markCol < len(cells) {
 			paint(&line, tone, string(cells[:markCol]))
-			paint(&line, p.paint.marker, string(cells[markCol]))
+			paint(&line, p.st.cut.marker, string(cells[markCol]))
 			paint(&line, tone, string(cells[markCol+1:]))
 		} else {
 			paint(&line, tone, string(cells))
@@ -511,16 +488,16 @@ func (p chartsPanel) scrubber(g *chartGeo, markIdx int) string {
 	}
 	var bar strings.Builder
 	heldFrom = min(heldFrom, markX)
-	paint(&bar, p.paint.dim, strings.Repeat("┄", heldFrom))
+	paint(&bar, p.st.cut.dim, strings.Repeat("┄", heldFrom))
 	bar.WriteString(strings.Repeat("─", markX-heldFrom))
 	if p.mark >= 0 {
-		paint(&bar, p.paint.marker, "◆")
+		paint(&bar, p.st.cut.marker, "◆")
 	} else {
-		paint(&bar, p.paint.live, "●")
+		paint(&bar, p.st.cut.good, "●")
 	}
 	bar.WriteString(strings.Repeat("─", bw-markX-1))
 	var out strings.Builder
-	paint(&out, p.paint.dim, left)
+	paint(&out, p.st.cut.dim, left)
 	out.WriteString(bar.String())
 	out.WriteString(right)
 	return out.String()

@@ -205,3 +205,27 @@ func TestChartsKeysSeek(t *testing.T) {
 		t.Errorf("→ to the live end left the view rewound at %d", m.rw.step)
 	}
 }
+
+// A cut style paints a line exactly as its Render does.
+func TestCutStylesPaintAsRender(t *testing.T) {
+	for _, st := range []Styles{DefaultStyles(true), DefaultStyles(false), PlainStyles()} {
+		for name, pair := range map[string]struct {
+			c     cellParts
+			style interface{ Render(...string) string }
+		}{
+			"cursor": {st.cut.cursor, st.Cursor}, "stuck": {st.cut.stuck, st.Stuck}, "hazardous": {st.cut.hazardous, st.Hazardous},
+			"dim": {st.cut.dim, st.Dim}, "warn": {st.cut.warn, st.Warn}, "bad": {st.cut.bad, st.Bad}, "hazard": {st.cut.hazard, st.Hazard},
+			"error": {st.cut.err, st.Error}, "value": {st.cut.value, st.Value},
+			"good": {st.cut.good, st.Good}, "marker": {st.cut.marker, st.Marker}, "border": {st.cut.border, st.Border},
+			"focus": {st.cut.focus, st.Focus}, "chart": {st.cut.chart[toneWarn], st.Chart[toneWarn]},
+		} {
+			for _, text := range []string{"x", " r-37 blocked   watermark 403 > 402 ", "⣿⣷⠒ 1,024", "╭─ 1 requests ─╮"} {
+				var b strings.Builder
+				paint(&b, pair.c, text)
+				if got, want := b.String(), pair.style.Render(text); got != want {
+					t.Errorf("%s: paint(%q) = %q, Render = %q", name, text, got, want)
+				}
+			}
+		}
+	}
+}

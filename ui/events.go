@@ -313,7 +313,7 @@ func (p eventsPanel) render() string {
 	for i := p.cur.top; i < end; i++ {
 		r := p.rows[i]
 		var text string
-		style := &st.Dim
+		style := &st.cut.dim
 		switch r.kind {
 		case rowHeading:
 			name := r.id
@@ -321,7 +321,7 @@ func (p eventsPanel) render() string {
 				name = "the engine's own events"
 			}
 			text = fmt.Sprintf("── %s · %s", name, plural(r.to-r.from, "event"))
-			style = &st.Heading
+			style = &st.cut.value
 		case rowFold:
 			text = "  " + p.foldText(r)
 		default:
@@ -330,17 +330,17 @@ func (p eventsPanel) render() string {
 			style = nil
 			switch {
 			case e.bad:
-				mark, style = "! ", &st.Error
+				mark, style = "! ", &st.cut.err
 			case e.ev == nil:
-				style = &st.Warn
+				style = &st.cut.warn
 			default:
 				switch e.ev.(type) {
 				case engine.HazardDetected:
-					mark, style = "! ", &st.Hazard
+					mark, style = "! ", &st.cut.hazard
 				case engine.PrepareBlocked:
-					style = &st.Warn
+					style = &st.cut.warn
 				case engine.RequestAborted:
-					style = &st.Bad
+					style = &st.cut.bad
 				}
 			}
 			text = mark + log.line(p.idx[r.from])
@@ -349,9 +349,9 @@ func (p eventsPanel) render() string {
 		b.WriteByte('\n')
 		switch {
 		case i == p.cur.pos && (!p.follow || p.byRequest):
-			b.WriteString(st.Cursor.Render(text))
+			paint(&b, st.cut.cursor, text)
 		case style != nil:
-			b.WriteString(style.Render(text))
+			paint(&b, *style, text)
 		default:
 			b.WriteString(text)
 		}

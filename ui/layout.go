@@ -121,20 +121,21 @@ func (m *Model) boxed(c *boxCache, id panelID, text, title string, r rect, focus
 		return c.lines
 	}
 	*c = boxCache{text: unsafe.StringData(text), textLen: len(text), r: r, focused: focused, styleGen: m.styleGen, title: title}
-	st := m.st.Border
+	st := m.st.cut.border
 	h, v, tl, tr, bl, br := "─", "│", "╭", "╮", "╰", "╯"
 	if focused {
-		st = m.st.Focus
+		st = m.st.cut.focus
 		h, v, tl, tr, bl, br = "━", "┃", "┏", "┓", "┗", "┛"
 	}
+	render := func(s string) string { return st.open + s + st.close }
 	in := r.inner()
 	label := " " + title + " "
 	if width(label) > in.w-2 {
 		label = fit(label, max(in.w-2, 0))
 	}
 	lines := make([]string, 0, r.h)
-	lines = append(lines, st.Render(tl+h+label+strings.Repeat(h, max(in.w-1-width(label), 0))+tr))
-	left, right := st.Render(v), st.Render(v)
+	lines = append(lines, render(tl+h+label+strings.Repeat(h, max(in.w-1-width(label), 0))+tr))
+	left, right := render(v), render(v)
 	n := 0
 	for line := range strings.SplitSeq(text, "\n") {
 		if n == in.h {
@@ -147,7 +148,7 @@ func (m *Model) boxed(c *boxCache, id panelID, text, title string, r rect, focus
 	for ; n < in.h; n++ {
 		lines = append(lines, blank)
 	}
-	lines = append(lines, st.Render(bl+strings.Repeat(h, in.w)+br))
+	lines = append(lines, render(bl+strings.Repeat(h, in.w)+br))
 	c.lines = lines
 	return lines
 }

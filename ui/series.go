@@ -114,6 +114,43 @@ func (s *series) index(step uint64) int {
 	return sort.Search(s.n, func(i int) bool { return s.at(i).step > step }) - 1
 }
 
+// gauges are the worst gauges of a stretch of samples: the fewest free pages, the most of
+// the rest.
+type gauges struct{ free, waiting, blocked, prepared, awaiting, running int32 }
+
+// worst returns the worst gauges of each bucket of the samples, bucket samples a bucket
+// from the oldest, in one pass: what the gauge charts plot, a column each.
+func (s *series) worst(bucket int, dst []gauges) []gauges {
+	dst = dst[:0]
+	if s.n == 0 {
+		return dst
+	}
+	p := s.start
+	var g gauges
+	in := 0 // samples in the bucket so far
+	for i := range s.n {
+		x := &s.buf[p]
+		if p++; p == len(s.buf) {
+			p = 0
+		}
+		if in == 0 {
+			g = gauges{x.free, x.waiting, x.blocked, x.prepared, x.awaiting, x.running}
+		} else {
+			g.free = min(g.free, x.free)
+			g.waiting = max(g.waiting, x.waiting)
+			g.blocked = max(g.blocked, x.blocked)
+			g.prepared = max(g.prepared, x.prepared)
+			g.awaiting = max(g.awaiting, x.awaiting)
+			g.running = max(g.running, x.running)
+		}
+		if in++; in == bucket || i == s.n-1 {
+			dst = append(dst, g)
+			in = 0
+		}
+	}
+	return dst
+}
+
 // A metric reads one number off a stretch of samples [i, j): a gauge's worst value in it,
 // or a counter's rate or ratio over it (from the sample before it, when held).
 type metric func(s *series, i, j int) float64
