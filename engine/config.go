@@ -127,7 +127,7 @@ func (c Config) Validate() error {
 		return bad("max_num_sequence %d must be positive", c.MaxNumSequence)
 	case c.MaxTotalSequenceLength < c.PageSize:
 		return bad("max_total_sequence_length %d must be at least a page (%d)", c.MaxTotalSequenceLength, c.PageSize)
-	case int64(c.NumPages())*int64(c.PageSize) > 1<<31-1:
+	case c.MaxTotalSequenceLength > 1<<31-1 || int64(c.NumPages())*int64(c.PageSize) > 1<<31-1:
 		return bad("max_total_sequence_length %d is too large", c.MaxTotalSequenceLength)
 	case c.MaxSingleSequenceLength < 2:
 		return bad("max_single_sequence_length %d must be at least 2", c.MaxSingleSequenceLength)
@@ -147,14 +147,29 @@ func (c Config) Validate() error {
 		return bad("models %d must be in [1, 4]", c.Models)
 	case c.Arena.Layers < 0 || c.Arena.KVHeads < 0 || c.Arena.HeadDim < 0:
 		return bad("arena geometry %+v has a negative dimension", c.Arena)
-	case !c.Arena.Zero() && pages.ArenaBytes(c.Arena, c.NumPages(), c.PageSize)*int64(c.Models) > c.ArenaLimit:
-		return bad("a KV arena of %d bytes is over the limit of %d", pages.ArenaBytes(c.Arena, c.NumPages(), c.PageSize)*int64(c.Models), c.ArenaLimit)
+	case !c.Arena.Zero() && c.checkArena() != nil:
+		return bad("%v", c.checkArena())
 	case c.VocabSize < 2:
 		return bad("vocab size %d must be at least 2", c.VocabSize)
 	case c.PreparedAgeLimit < 0 || c.ReclaimAfter < 0:
 		return bad("prepared age limit %v and reclaim-after %v must not be negative", c.PreparedAgeLimit, c.ReclaimAfter)
 	case c.KeepFinished < 0 || c.KeepMetadata < 0:
 		return bad("keep-finished %d and keep-metadata %d must not be negative", c.KeepFinished, c.KeepMetadata)
+	}
+	return nil
+}
+
+// checkArena reports a KV arena, all models together, that is over the limit, its size
+// computed without overflow: a geometry whose size wraps around must not pass for a small
+// one. (ArenaSize bounds one model's arena far below 2^63 / 4, so the models cannot
+// overflow it.)
+func (c Config) checkArena() error {
+	size, err := pages.ArenaSize(c.Arena, c.NumPages(), c.PageSize)
+	if err != nil {
+		return fmt.Errorf("arena geometry %dx%dx%d: %v", c.Arena.Layers, c.Arena.KVHeads, c.Arena.HeadDim, err)
+	}
+	if size *= int64(c.Models); size > c.ArenaLimit {
+		return fmt.Errorf("a KV arena of %d bytes is over the limit of %d", size, c.ArenaLimit)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -181,6 +182,15 @@ func TestConfigValidate(t *testing.T) {
 		"age":           func(c *Config) { c.PreparedAgeLimit = -time.Second },
 		"keep":          func(c *Config) { c.KeepFinished = -1 },
 		"huge capacity": func(c *Config) { c.MaxTotalSequenceLength = 1 << 31 },
+		// Sizes that wrap around in int64 arithmetic must not pass for small ones.
+		"capacity overflow":    func(c *Config) { c.MaxTotalSequenceLength = math.MaxInt },
+		"token bytes overflow": func(c *Config) { c.Arena = pages.Geometry{Layers: 32, KVHeads: 1, HeadDim: 144115188075855873} },
+		"arena bytes overflow": func(c *Config) { c.Arena = pages.Geometry{Layers: 1000000, KVHeads: 1000000, HeadDim: 1000000} },
+		"arena wraps to zero":  func(c *Config) { c.Arena = pages.Geometry{Layers: 4294967296, KVHeads: 4294967296, HeadDim: 2} },
+		"arena beyond memory": func(c *Config) {
+			c.Arena = pages.Geometry{Layers: 1 << 20, KVHeads: 1 << 10, HeadDim: 1 << 10}
+			c.ArenaLimit = math.MaxInt64
+		},
 	} {
 		cfg := DefaultConfig()
 		mut(&cfg)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -23,10 +24,14 @@ const (
 	HazardPreparedAge
 	// HazardAbortLeak: a prepared request was aborted and its KV sequence leaked.
 	HazardAbortLeak
+	// HazardStaleKVWrite: a KV write came with metadata that no prepared request holds (its
+	// request finished, was aborted or never existed); it was refused. A real decode
+	// instance would have written it into whatever now holds those slots.
+	HazardStaleKVWrite
 	numHazards
 )
 
-var hazardNames = [numHazards]string{"fork-unreceived", "start-before-kv", "begin-mismatch", "prepared-age", "abort-leak"}
+var hazardNames = [numHazards]string{"fork-unreceived", "start-before-kv", "begin-mismatch", "prepared-age", "abort-leak", "stale-kv-write"}
 
 func (k HazardKind) String() string {
 	if k < numHazards {
@@ -79,6 +84,12 @@ type Hazard struct {
 	AgeMs int64 `json:"age_ms,omitempty"`
 	// Abort-leak: the pages the leaked sequence holds.
 	Pages int `json:"pages,omitempty"`
+	// Stale-kv-write: where the write began in the metadata's slot list, its tokens, and
+	// the prepared request that holds its first slot now (empty when none does). ID is the
+	// request the metadata was issued to, when the engine still knows it.
+	Offset int    `json:"offset,omitempty"`
+	Tokens int    `json:"tokens,omitempty"`
+	Holder string `json:"holder,omitempty"`
 }
 
 func (h Hazard) String() string {
@@ -95,6 +106,17 @@ func (h Hazard) String() string {
 			h.Kind, h.ID, time.Duration(h.AgeMs)*time.Millisecond, h.Received, h.Reserved)
 	case HazardAbortLeak:
 		return fmt.Sprintf("%s %s: aborted while prepared, seq %d and its %d pages leak", h.Kind, h.ID, h.Seq, h.Pages)
+	case HazardStaleKVWrite:
+		whose := "metadata no request holds"
+		if h.ID != "" {
+			whose = "the metadata of " + h.ID + ", which is no longer prepared"
+		}
+		now := "free or not awaiting KV"
+		if h.Holder != "" {
+			now = h.Holder + "'s"
+		}
+		return fmt.Sprintf("%s: a KV write of %d tokens at offset %d with %s, refused; its slots are now %s",
+			strings.TrimSpace(h.Kind.String()+" "+h.ID), h.Tokens, h.Offset, whose, now)
 	}
 	return h.Kind.String() + " " + h.ID
 }

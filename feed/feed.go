@@ -15,6 +15,11 @@ type Update struct {
 	Events   []engine.Event
 	Status   *Status // set when the runner's status changed
 	Dropped  uint64
+	// Epoch counts the times the source started over on a new connection (0 for the
+	// first): the snapshot that starts an epoch may belong to another run of the engine
+	// (a restarted server), whose steps start again. It is the epoch of the state the
+	// update's snapshot and events belong to.
+	Epoch uint64
 }
 
 // Status is the state of whatever runs the engine: the runner in-process, or the server a

@@ -31,6 +31,8 @@ type Mailbox struct {
 	owed    bool
 	dropped uint64
 	closed  bool
+	// epoch is that of the pending state; next that of the next snapshot (NewEpoch).
+	epoch, next uint64
 }
 
 // NewMailbox returns an empty mailbox holding at most backlog pending events
@@ -84,7 +86,17 @@ func (m *Mailbox) Snapshot(s *engine.Snapshot) {
 	}
 	m.pending.Snapshot, m.pending.Events, m.n = s, nil, 0
 	m.owed = false
+	m.epoch = m.next
 	m.notify()
+}
+
+// NewEpoch says that the next snapshot starts a new epoch (Update.Epoch): the producer
+// reconnected, and what follows may be another run of the engine. What is pending, and
+// what is offered before that snapshot, stays in the epoch it belongs to.
+func (m *Mailbox) NewEpoch() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.next++
 }
 
 // SetStatus records the latest status; statuses not yet taken are replaced, not queued.
@@ -144,7 +156,7 @@ func (m *Mailbox) Take() Update {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	u := m.pending
-	u.Dropped = m.dropped
+	u.Dropped, u.Epoch = m.dropped, m.epoch
 	m.pending, m.n = Update{}, 0
 	return u
 }

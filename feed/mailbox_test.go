@@ -315,3 +315,28 @@ func TestMailboxDefaultBacklog(t *testing.T) {
 		t.Errorf("NewMailbox(0) took %d events, want at most the default backlog", feed.DefaultBacklog+1)
 	}
 }
+
+// A new epoch begins with the next snapshot: what was pending, and events offered before
+// that snapshot, keep the old epoch.
+func TestMailboxEpochs(t *testing.T) {
+	m := feed.NewMailbox(10)
+	m.Snapshot(snap(0))
+	if u := m.Take(); u.Epoch != 0 {
+		t.Fatalf("first epoch = %d, want 0", u.Epoch)
+	}
+	m.Offer(evs(0, 1))
+	m.NewEpoch()
+	m.Offer(evs(1, 3))
+	if u := m.Take(); u.Epoch != 0 || len(u.Events) != 3 {
+		t.Errorf("events before the new epoch's snapshot: epoch %d, %d events; want 0, 3", u.Epoch, len(u.Events))
+	}
+	m.Snapshot(snap(0))
+	m.Offer(evs(0, 1))
+	if u := m.Take(); u.Epoch != 1 || u.Snapshot == nil || len(u.Events) != 1 {
+		t.Errorf("after the new epoch's snapshot: epoch %d, snapshot %v; want 1 with the snapshot", u.Epoch, u.Snapshot != nil)
+	}
+	m.Snapshot(snap(0)) // a resync: the same epoch
+	if u := m.Take(); u.Epoch != 1 {
+		t.Errorf("a resync moved the epoch to %d, want 1", u.Epoch)
+	}
+}

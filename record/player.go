@@ -3,6 +3,7 @@ package record
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -59,7 +60,7 @@ func NewPlayer(rec *Recording, name string, opts PlayerOptions) *Player {
 		ctrl:   make(chan feed.Control, 16),
 		done:   make(chan struct{}),
 		status: feed.Status{Paused: opts.Paused, Rate: speed, Target: speed, Controllable: true},
-		link:   feed.Link{Name: "replay " + name, State: feed.LinkUp},
+		link:   feed.Link{Name: "replay " + name, State: feed.LinkUp, Err: rec.Truncated},
 	}
 	p.mb.AddDropped(rec.Dropped)
 	return p
@@ -73,28 +74,29 @@ func (p *Player) Run(ctx context.Context) {
 	p.mu.Unlock()
 	defer close(p.done)
 	defer p.mb.Close()
-	items := p.rec.h
-	view, err := engine.NewView(*items.At(0).Snapshot)
+	rec := p.rec
+	first := rec.at(0)
+	view, err := engine.NewView(*first.snap)
 	if err != nil {
 		p.setLink(feed.LinkClosed, err.Error())
 		return
 	}
-	snap := *items.At(0).Snapshot
+	snap := *first.snap
 	p.mb.Snapshot(&snap)
 	pos := 1
-	recNow := items.At(0).Stamp.At
+	recNow := first.at
 	// While paused, a step request plays everything stamped up to target: an engine step
 	// and the calls that came after it.
 	stepping, target := false, uint64(0)
-	cur := items.At(0).Stamp.Step
+	cur, epoch := first.step, 0 // the step and the epoch played up to
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
 		p.mu.Lock()
 		paused, speed := p.status.Paused, p.status.Target
 		p.mu.Unlock()
-		atEnd := pos >= items.Len()
-		if stepping && (atEnd || items.At(pos).Stamp.Step > target) {
+		atEnd := pos >= rec.n
+		if stepping && (atEnd || rec.at(pos).step > target) {
 			stepping = false
 		}
 		var wait time.Duration
@@ -104,12 +106,12 @@ func (p *Player) Run(ctx context.Context) {
 		case stepping:
 			wait = 0
 		default:
-			gap := time.Duration(items.At(pos).Stamp.At-recNow) * time.Millisecond
+			gap := time.Duration(rec.at(pos).at-recNow) * time.Millisecond
 			wait = min(max(gap, 0), maxGap)
 			wait = time.Duration(float64(wait) / speed)
 		}
 		if atEnd {
-			p.setLink(feed.LinkUp, fmt.Sprintf("end of the recording at step %d", items.At(items.Len()-1).Stamp.Step))
+			p.setLink(feed.LinkUp, fmt.Sprintf("end of the recording at step %d", rec.at(rec.n-1).step))
 		}
 		if wait != 0 {
 			fired := false
@@ -140,15 +142,22 @@ func (p *Player) Run(ctx context.Context) {
 					s := view.Snapshot()
 					p.mb.Snapshot(&s)
 				case feed.ControlSeek:
-					v, next, err := p.rec.StateAt(uint64(c.N))
+					// Within the epoch being played when it holds the step: another
+					// epoch's step numbers may be the same ones.
+					e, ok := p.rec.Find(uint64(c.N), epoch)
+					if !ok {
+						p.setLink(feed.LinkUp, fmt.Sprintf("no step %d in the recording (%s)", c.N, describeEpochs(p.rec.Epochs())))
+						break
+					}
+					v, next, err := p.rec.StateIn(e, uint64(c.N))
 					if err != nil {
 						p.setLink(feed.LinkUp, err.Error())
 						break
 					}
 					view, pos, stepping = v, next, false
-					cur = uint64(c.N)
-					if pos < items.Len() {
-						recNow = items.At(pos).Stamp.At
+					cur, epoch = uint64(c.N), e
+					if pos < rec.n {
+						recNow = rec.at(pos).at
 					}
 					s := view.Snapshot()
 					p.mb.Snapshot(&s)
@@ -163,22 +172,25 @@ func (p *Player) Run(ctx context.Context) {
 			}
 		}
 		// Release the next recorded item.
-		it := items.At(pos)
+		it := rec.at(pos)
 		pos++
-		recNow, cur = it.Stamp.At, it.Stamp.Step
-		if it.Snapshot != nil {
-			v, err := engine.NewView(*it.Snapshot)
+		if it.epoch != epoch && stepping {
+			target = it.step + (target - cur) // the steps asked for go on in the new epoch
+		}
+		recNow, cur, epoch = it.at, it.step, it.epoch
+		if it.snap != nil {
+			v, err := engine.NewView(*it.snap)
 			if err == nil {
 				view = v
 			}
-			s := *it.Snapshot
+			s := *it.snap
 			p.mb.Snapshot(&s)
 			continue
 		}
-		if err := view.Apply(it.Event); err != nil {
+		if err := view.Apply(it.ev); err != nil {
 			p.setLink(feed.LinkUp, err.Error())
 		}
-		if !p.mb.Offer([]engine.Event{it.Event}) && p.mb.Owed() {
+		if !p.mb.Offer([]engine.Event{it.ev}) && p.mb.Owed() {
 			// The dashboard fell behind: the state so far replaces what it lost.
 			s := view.Snapshot()
 			p.mb.Snapshot(&s)
@@ -241,4 +253,16 @@ func (p *Player) Close() {
 		cancel()
 		<-p.done
 	}
+}
+
+// describeEpochs names a recording's step ranges, for a message.
+func describeEpochs(es []Epoch) string {
+	parts := make([]string, len(es))
+	for i, e := range es {
+		parts[i] = fmt.Sprintf("%d-%d", e.First, e.Last)
+	}
+	if len(es) == 1 {
+		return "steps " + parts[0]
+	}
+	return fmt.Sprintf("%d epochs, steps %s", len(es), strings.Join(parts, ", "))
 }

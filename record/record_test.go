@@ -23,6 +23,20 @@ func (nopCloser) Close() error { return nil }
 // recording and the engine's snapshot after each step.
 func live(t *testing.T, steps int) ([]byte, map[uint64]engine.Snapshot) {
 	t.Helper()
+	var buf bytes.Buffer
+	rec := NewRecorder(nopCloser{&buf})
+	snaps := liveInto(t, rec, 0, 3, steps)
+	if err := rec.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes(), snaps
+}
+
+// liveInto records a run of the chat scenario with a seed into rec, as epoch epoch (a
+// dashboard's connection to one server run), and returns the engine's snapshot after each
+// step.
+func liveInto(t *testing.T, rec *Recorder, epoch, seed uint64, steps int) map[uint64]engine.Snapshot {
+	t.Helper()
 	sc, _ := sim.Lookup("chat")
 	cfg := engine.DefaultConfig()
 	sc.Configure(&cfg)
@@ -30,17 +44,15 @@ func live(t *testing.T, steps int) ([]byte, map[uint64]engine.Snapshot) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, _ := sc.New(sim.Options{Seed: 3})
-	var buf bytes.Buffer
-	rec := NewRecorder(nopCloser{&buf})
+	w, _ := sc.New(sim.Options{Seed: seed})
 	s0 := e.Snapshot()
-	if err := rec.Write(feed.Update{Snapshot: &s0}); err != nil {
+	if err := rec.Write(feed.Update{Snapshot: &s0, Epoch: epoch}); err != nil {
 		t.Fatal(err)
 	}
 	snaps := map[uint64]engine.Snapshot{}
 	ls := &sim.Lockstep{E: e, D: sim.NewDriver(w, sc.Driver), StepTime: 50 * time.Millisecond}
 	ls.OnReady = func(rd engine.Ready) {
-		if err := rec.Write(feed.Update{Events: rd.Events}); err != nil {
+		if err := rec.Write(feed.Update{Events: rd.Events, Epoch: epoch}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -48,7 +60,7 @@ func live(t *testing.T, steps int) ([]byte, map[uint64]engine.Snapshot) {
 	// belong to step N: the state "at step N" is the engine's just before step N+1.
 	ls.BeforeStep = func() {
 		if evs := e.TakeEvents(); len(evs) > 0 {
-			if err := rec.Write(feed.Update{Events: evs}); err != nil {
+			if err := rec.Write(feed.Update{Events: evs, Epoch: epoch}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -56,16 +68,13 @@ func live(t *testing.T, steps int) ([]byte, map[uint64]engine.Snapshot) {
 		snaps[n] = e.Snapshot()
 		if n == uint64(steps/2) {
 			s := e.Snapshot()
-			if err := rec.Write(feed.Update{Snapshot: &s, Dropped: 7}); err != nil {
+			if err := rec.Write(feed.Update{Snapshot: &s, Dropped: 7, Epoch: epoch}); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	ls.Run(steps + 1)
-	if err := rec.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes(), snaps
+	return snaps
 }
 
 // Recording then replaying gives the same sequence of snapshots: at every step, the state
@@ -212,8 +221,9 @@ func TestLoadRefusesBrokenRecordings(t *testing.T) {
 	for name, in := range map[string]string{
 		"empty":              "",
 		"garbage":            "{",
-		"events first":       strings.Join(lines[1:], "\n"),
-		"an event missing":   lines[0] + "\n" + strings.Join(lines[2:], "\n"),
+		"events first":       strings.Join(lines[2:], "\n"), // lines[0] is the hello, lines[1] the snapshot
+		"an event missing":   strings.Join(lines[:2], "\n") + "\n" + strings.Join(lines[3:], "\n"),
+		"a broken line":      strings.Join(lines[:3], "\n") + "\n{\n" + strings.Join(lines[3:], "\n"),
 		"unknown frame type": `{"type":"nope"}`,
 	} {
 		if _, err := Load(strings.NewReader(in)); err == nil {

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,20 +19,40 @@ import (
 // readBody reads a call's body up to limit bytes; beyond, 413.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64, call string) ([]byte, error) {
 	tooLarge := func() error {
+		drain(w, r)
 		return errorf(http.StatusRequestEntityTooLarge, errTooLarge, "%s: the body is over the limit of %d bytes", call, limit)
 	}
 	if r.ContentLength > limit {
 		return nil, tooLarge()
 	}
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, tooLarge()
-		}
 		return nil, errorf(http.StatusBadRequest, errInvalidRequest, "%s: reading the body: %v", call, err)
 	}
+	if int64(len(b)) > limit {
+		return nil, tooLarge()
+	}
 	return b, nil
+}
+
+// What drain reads of a refused body at most, and for how long.
+const (
+	drainBytes = 8 << 20
+	drainTime  = 2 * time.Second
+)
+
+// drain reads and discards the rest of a body that is refused for its size, up to a bound,
+// so that a client that sends its whole body before it reads the answer (most do) gets the
+// 413 rather than a connection reset. A body too large to drain is not read at all: the
+// connection closes after the answer.
+func drain(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength > drainBytes {
+		return
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(drainTime))
+	_, _ = io.CopyN(io.Discard, r.Body, drainBytes)
+	_ = rc.SetReadDeadline(time.Time{})
 }
 
 // PrepRecvAnswer is prep_recv's answer. MLC drops prompt_length at its HTTP layer; kvtop
@@ -106,7 +128,9 @@ func (s *Server) startGenerate(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	var rv engine.RequestView
 	var found bool
-	if err := s.r.Do(ctx, func(e *engine.Engine, _ time.Time) error {
+	// Asked even if the client goes away meanwhile: StartGenerate then ends the request
+	// rather than leave it prepared.
+	if err := s.r.Do(context.WithoutCancel(ctx), func(e *engine.Engine, _ time.Time) error {
 		rv, found = e.Request(sg.ID)
 		return nil
 	}); err != nil {
@@ -173,6 +197,9 @@ func (s *Server) streamCompletion(ctx context.Context, w http.ResponseWriter, sg
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	send := func(v any) error {
+		// A reader that stops reading is let go after the write timeout, and its request
+		// aborted, instead of holding the handler and its tokens.
+		_ = rc.SetWriteDeadline(time.Now().Add(s.lim.WriteTimeout))
 		if _, err := fmt.Fprintf(w, "data: %s\n\n", mustJSON(v)); err != nil {
 			return err
 		}
@@ -211,6 +238,7 @@ func (s *Server) streamCompletion(ctx context.Context, w http.ResponseWriter, sg
 					return err
 				}
 			}
+			_ = rc.SetWriteDeadline(time.Now().Add(s.lim.WriteTimeout))
 			if _, err := io.WriteString(w, "data: [DONE]\n\n"); err != nil {
 				return err
 			}
@@ -253,25 +281,63 @@ func (s *Server) kv(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	body, err := readBody(w, r, s.lim.MaxKVBytes, "kv write")
+	g := KVGeometry{Models: cfg.Models, TokenBytes: cfg.Arena.TokenBytes(), Slots: int64(cfg.NumPages()) * int64(cfg.PageSize)}
+	md, off, tokens := r.Header.Get(HeaderKVMetadata), r.Header.Get(HeaderKVOffset), r.Header.Get(HeaderKVTokens)
+	// The headers first: a write they refuse costs no body (read whole, a body is memory).
+	limit, err := kvBodyLimit(md, off, tokens, r.ContentLength, g)
 	if err != nil {
 		return err
 	}
-	g := KVGeometry{Models: cfg.Models, TokenBytes: cfg.Arena.TokenBytes(), Slots: int64(cfg.NumPages()) * int64(cfg.PageSize)}
-	slots, err := ParseKVWrite(r.Header.Get(HeaderKVMetadata), r.Header.Get(HeaderKVOffset), r.Header.Get(HeaderKVTokens), int64(len(body)), g)
+	var body []byte
+	if limit > 0 {
+		body, err = readBody(w, r, min(limit, s.lim.MaxKVBytes), "kv write")
+	} else if n, _ := r.Body.Read(make([]byte, 1)); n > 0 {
+		// No arena and a body of unknown length: one byte says it is not empty.
+		err = errorf(http.StatusBadRequest, "bad_kv_write", "kv write: the engine keeps no KV payload (zero-sized arena), so the body must be empty")
+	}
+	if err != nil {
+		return err
+	}
+	_, first, n, err := parseKVRange(md, off, tokens, int64(len(body)), g)
 	if err != nil {
 		return err
 	}
 	var res engine.KVResult
 	if err := s.r.Do(ctx, func(e *engine.Engine, now time.Time) error {
 		var err error
-		res, err = e.ReceiveKV(now, slots, body)
+		res, err = e.WriteKV(now, engine.KVWrite{Metadata: md, Offset: int(first), Tokens: int(n), Payload: body})
 		return err
 	}); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, KVAnswer{Tokens: len(slots), Requests: nonNil(res.Requests), Complete: nonNil(res.Complete)})
+	writeJSON(w, http.StatusOK, KVAnswer{Tokens: int(n), Requests: nonNil(res.Requests), Complete: nonNil(res.Complete)})
 	return nil
+}
+
+// kvBodyLimit checks a KV write's headers before its body is read, and returns the most
+// body they allow. With the body's length known (Content-Length) every check is made on
+// it; without, the metadata and the range are checked on the length the headers imply.
+func kvBodyLimit(md, off, tokens string, contentLength int64, g KVGeometry) (int64, error) {
+	if contentLength >= 0 {
+		_, _, _, err := parseKVRange(md, off, tokens, contentLength, g)
+		return contentLength, err
+	}
+	per := int64(g.Models) * int64(g.TokenBytes)
+	if per == 0 {
+		_, _, _, err := parseKVRange(md, off, tokens, 0, g)
+		return 0, err
+	}
+	if tokens == "" {
+		// One token's worth checks the metadata and the offset; the body says how many.
+		_, _, _, err := parseKVRange(md, off, "1", per, g)
+		return math.MaxInt64, err
+	}
+	t, _ := strconv.ParseInt(tokens, 10, 64)
+	if t < 1 || t > g.Slots {
+		t = 0 // parseKVRange names what is wrong with the header
+	}
+	_, _, n, err := parseKVRange(md, off, tokens, t*per, g)
+	return n * per, err
 }
 
 func nonNil(s []string) []string {

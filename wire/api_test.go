@@ -244,6 +244,7 @@ func TestThreeCallFlowWithKVPayload(t *testing.T) {
 func (h *harness) sse(t *testing.T, body any) []wire.Completion {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, h.ts.URL+"/microserving/start_generate", bytes.NewReader(jsonBody(t, body)))
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := h.ts.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -342,7 +343,7 @@ func TestHealthzAndDebugEndpoints(t *testing.T) {
 	if status != http.StatusOK || ab.State != engine.StateAborted || !ab.Leaked {
 		t.Errorf("abort of prepared A = %d %s, want aborted, leaked (as in MLC)", status, b)
 	}
-	if status, b := h.writeKV(ans.KVAppendMetadata, -1, 0, nil); status != http.StatusBadRequest {
-		t.Errorf("KV for aborted A = %d %s, want 400", status, b)
+	if status, b := h.writeKV(ans.KVAppendMetadata, -1, 0, nil); status != http.StatusConflict || !strings.Contains(string(b), `"type":"stale_kv_write"`) {
+		t.Errorf("KV for aborted A = %d %s, want 409 stale_kv_write", status, b)
 	}
 }

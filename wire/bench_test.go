@@ -344,27 +344,10 @@ func BenchmarkEngineSteps(b *testing.B) {
 					}
 				}()
 			}
-			steps := func() uint64 {
-				var n uint64
-				r.Do(context.Background(), func(e *engine.Engine, _ time.Time) error { n = e.StepNumber(); return nil })
-				return n
-			}
 			// Warm up: let the clients connect and fall behind.
-			warm := steps() + 2000
-			r.Control(feed.Control{Op: feed.ControlStep, N: 2000})
-			for steps() < warm {
-				time.Sleep(time.Millisecond)
-			}
+			runSteps(r, 2000)
 			b.ResetTimer()
-			const chunk = 1000
-			for done := 0; done < b.N; done += chunk {
-				n := min(chunk, b.N-done)
-				target := steps() + uint64(n)
-				r.Control(feed.Control{Op: feed.ControlStep, N: n})
-				for steps() < target {
-					time.Sleep(200 * time.Microsecond)
-				}
-			}
+			runSteps(r, b.N)
 			b.StopTimer()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "steps/s")
 			if slow > 0 {
@@ -375,5 +358,170 @@ func BenchmarkEngineSteps(b *testing.B) {
 			srv.Close()
 			wg.Wait()
 		})
+	}
+}
+
+// BenchmarkViewers is the engine's step rate on the same state (256 requests decoding,
+// a snapshot of about 1 MB) with viewers that ask a lot of it, against none, in one run:
+//
+//   - clients=none: no stream client;
+//   - readers=20: 20 clients that read everything;
+//   - flood=20: the same 20, each also asking for a snapshot every 5 ms;
+//   - churn=200: 200 clients that connect, read the hello and close, over and over; one
+//     refused (503) waits the Retry-After it is given, as wire.Client backs off.
+//
+// pace=200 runs the engine at 200 steps a second, the regime of issue 11 (about 185 steps
+// a second alone): what it measures is stalls, the engine's goroutine kept from stepping.
+// pace=max steps as fast as the machine allows, so there every client's CPU counts too.
+// Compare steps/s with clients=none of the same pace and run. snapshot-KB is the state's
+// size; snapshots/s and connects/s are what the clients got.
+func BenchmarkViewers(b *testing.B) {
+	for _, pace := range []float64{200, 0} {
+		for _, mode := range []string{"clients=none", "readers=20", "flood=20", "churn=200"} {
+			name := fmt.Sprintf("pace=%v/%s", pace, mode)
+			if pace == 0 {
+				name = "pace=max/" + mode
+			}
+			b.Run(name, func(b *testing.B) { benchViewers(b, pace, mode) })
+		}
+	}
+}
+
+func benchViewers(b *testing.B, pace float64, mode string) {
+	r, stop := busyEngine(b, 256, runner.Config{StepsPerSec: pace})
+	defer stop()
+	srv := NewServer(r, Options{})
+	ts := httptest.NewServer(srv)
+	defer func() { srv.Close(); ts.Close() }()
+	url := "ws" + strings.TrimPrefix(ts.URL, "http") + StreamPath
+	var wg sync.WaitGroup
+	var snapshots, connects atomic.Int64
+	quit := make(chan struct{})
+	sleep := func(d time.Duration) bool {
+		select {
+		case <-quit:
+			return false
+		case <-time.After(d):
+			return true
+		}
+	}
+	switch mode {
+	case "readers=20", "flood=20":
+		for range 20 {
+			conn, _, err := websocket.DefaultDialer.Dial(url, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			conn.SetReadLimit(-1)
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				head := make([]byte, 20)
+				for {
+					_, rd, err := conn.NextReader()
+					if err != nil {
+						return
+					}
+					n, _ := io.ReadFull(rd, head)
+					if bytes.HasPrefix(head[:n], []byte(`{"type":"snapshot"`)) {
+						snapshots.Add(1)
+					}
+					io.Copy(io.Discard, rd)
+				}
+			}()
+			go func() {
+				defer wg.Done()
+				defer conn.Close()
+				for sleep(5 * time.Millisecond) {
+					if mode == "flood=20" && conn.WriteMessage(websocket.TextMessage, []byte(`{"type":"snapshot"}`)) != nil {
+						return
+					}
+				}
+			}()
+		}
+	case "churn=200":
+		for range 200 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					conn, resp, err := websocket.DefaultDialer.Dial(url, nil)
+					if err != nil {
+						wait := 50 * time.Millisecond
+						if resp != nil && resp.Header.Get("Retry-After") != "" {
+							wait = time.Second
+						}
+						if !sleep(wait) {
+							return
+						}
+						continue
+					}
+					_, _, err = conn.ReadMessage() // the hello
+					conn.Close()
+					if err == nil {
+						connects.Add(1)
+					}
+					select {
+					case <-quit:
+						return
+					default:
+					}
+				}
+			}()
+		}
+	}
+	// Warm up: the clients connect and the state fills.
+	runSteps(r, 500)
+	var size int
+	r.Do(context.Background(), func(e *engine.Engine, _ time.Time) error {
+		s := e.Snapshot()
+		var buf bytes.Buffer
+		protocol.EncodeFrame(&buf, &protocol.Frame{Type: protocol.FrameSnapshot, Snapshot: &s})
+		size = buf.Len()
+		return nil
+	})
+	snapshots.Store(0)
+	connects.Store(0)
+	b.ResetTimer()
+	if pace > 0 {
+		// Paced: run until b.N more steps are taken.
+		target := stepNumber(r) + uint64(b.N)
+		r.Control(feed.Control{Op: feed.ControlResume})
+		for stepNumber(r) < target {
+			time.Sleep(time.Millisecond)
+		}
+		r.Control(feed.Control{Op: feed.ControlPause})
+	} else {
+		runSteps(r, b.N)
+	}
+	b.StopTimer()
+	secs := b.Elapsed().Seconds()
+	b.ReportMetric(float64(b.N)/secs, "steps/s")
+	b.ReportMetric(float64(size)/1000, "snapshot-KB")
+	b.ReportMetric(float64(snapshots.Load())/secs, "snapshots/s")
+	b.ReportMetric(float64(connects.Load())/secs, "connects/s")
+	close(quit)
+	srv.Close()
+	wg.Wait()
+}
+
+// stepNumber returns the steps a runner's engine has taken.
+func stepNumber(r *runner.Runner) uint64 {
+	var n uint64
+	r.Do(context.Background(), func(e *engine.Engine, _ time.Time) error { n = e.StepNumber(); return nil })
+	return n
+}
+
+// runSteps has a paused runner take n steps as fast as it can, a thousand at a time, and
+// returns once they are taken.
+func runSteps(r *runner.Runner, n int) {
+	const chunk = 1000
+	for done := 0; done < n; done += chunk {
+		k := min(chunk, n-done)
+		target := stepNumber(r) + uint64(k)
+		r.Control(feed.Control{Op: feed.ControlStep, N: k})
+		for stepNumber(r) < target {
+			time.Sleep(200 * time.Microsecond)
+		}
 	}
 }

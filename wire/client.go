@@ -366,6 +366,9 @@ func (c *Client) up(conn *websocket.Conn, hello *protocol.Hello) bool {
 	if c.ctx.Err() != nil {
 		return false
 	}
+	if c.wasUp {
+		c.mb.NewEpoch() // a reconnection: perhaps to a restarted server
+	}
 	c.conn, c.hello, c.wasUp = conn, hello, true
 	c.link = feed.Link{Name: c.link.Name, State: feed.LinkUp}
 	c.mb.Notify()

@@ -24,27 +24,41 @@
 // # HTTP API
 //
 // Every call carries "Authorization: Bearer TOKEN" when the server has a token (compared in
-// constant time; 401 otherwise). Every bad input is answered with a 4xx and
-// {"error": {"message": "...", "type": "..."}}, and leaves the engine as it was. The types:
+// constant time, the scheme in any case; 401 otherwise). Without a token, a call's Host must
+// be a loopback name or address or the listen host (403 forbidden_host: no DNS rebinding).
+// Every POST and the stream's handshake must come without an Origin header or from this
+// server's own origin (403 forbidden_origin), and prep_recv, start_generate and abort must
+// send Content-Type: application/json (415 unsupported_media_type): a web page can make a
+// browser send neither without a CORS preflight, which kvtop never answers (guard.go).
+//
+// Every bad input is answered with a 4xx and {"error": {"message": "...", "type": "..."}},
+// and leaves the engine as it was (a stale KV write also raises a hazard). The types:
 // invalid_json, invalid_type, invalid_request, too_large (413), unauthorized (401),
-// forbidden_origin (403), not_found (404), method_not_allowed (405), unsupported,
-// duplicate_id (409), unknown_request (404), not_prepared (409), request_ended (409),
-// request_aborted (409), bad_begin, bad_window, empty_prompt, prompt_too_long, bad_token,
-// unsupported_n, bad_metadata, bad_kv_write, read_only (403), unavailable (503).
+// forbidden_origin (403), forbidden_host (403), unsupported_media_type (415), not_found (404),
+// method_not_allowed (405), unsupported, bad_id, duplicate_id (409), unknown_request (404),
+// not_prepared (409), request_ended (409), request_aborted (409), bad_begin, bad_window,
+// empty_prompt, prompt_too_long, bad_token, unsupported_n, bad_metadata, bad_kv_write,
+// stale_kv_write (409), read_only (403), unavailable (503), busy (503, with Retry-After:
+// more prep_recv calls waiting for admission than --max-waiting, or more stream connection
+// attempts a second than Limits.MaxConnectsPerSec). A body over its limit is read and
+// discarded (up to 8 MiB, within 2s) before the 413, so that a client that sends its whole
+// body before it reads gets the answer.
 //
 // POST /microserving/prep_recv takes an OpenAI completion request with MLC's extra field:
 //
 //	{"user": "r-1", "prompt": [1, 2, 3] or "text", "end": -1, "max_tokens": 16, "n": 1}
 //
-// user is the request id; end is kv_window_end (negative counts from the prompt's end;
-// absent means the prompt length, which is refused, as in MLC); other OpenAI fields are
-// ignored. A text prompt is tokenized a token a byte (Tokenize). The call waits until the
+// user is the request id: at most 256 bytes of UTF-8 with no control characters, line
+// separators or bidirectional controls (400 bad_id); end is kv_window_end (negative counts
+// from the prompt's end; absent means the prompt length, which is refused, as in MLC);
+// max_tokens is at least 1 (absent: 16); other OpenAI fields are ignored. A text prompt is tokenized a token a byte (Tokenize). The call waits until the
 // request is admitted and answers
 //
 //	{"prompt_length": 40, "prefix_matched_length": 0, "kv_append_metadata": "CAAAAAAAAABbMSwwLDM5XQ=="}
 //
 // If the caller goes away first, the request is aborted as MLC aborts it (a request already
-// prepared then leaks its KV, flagged as a hazard).
+// prepared then leaks its KV, flagged as a hazard). Beyond --max-waiting calls waiting at
+// once, prep_recv is answered 503 busy with Retry-After and the engine never sees it.
 //
 // POST /microserving/start_generate takes {"user": "r-1", "begin": 39, "stream": false}
 // (begin is required; end, when present, must be the prompt length; the generation settings
@@ -59,7 +73,9 @@
 // until the last), a usage chunk when "stream_options": {"include_usage": true}, and
 // "data: [DONE]". The tokens are simulated; TokenText renders them. The finish reason is
 // "length", or "abort", "preempt" or "reclaim" for a request that ended otherwise. A client
-// that goes away mid-completion aborts its request.
+// that goes away mid-completion, or whose stream write blocks for Limits.WriteTimeout, or
+// that leaves while its start_generate waits for the engine, aborts its request; the tokens
+// queued for it are dropped.
 //
 // POST /microserving/remote_send is the prefill instance's call; a decode instance answers
 // 400 (unsupported).
@@ -79,10 +95,14 @@
 //
 // The expanded slot list is model 0's runs of the metadata written out slot by slot (every
 // model's runs must be the same). With the default zero-sized arena (--arena unset) the body
-// is empty and the slots are only marked received. Every slot must be reserved by a
-// prepared request and not yet written, or nothing is written (400 bad_kv_write). The answer
-// is {"tokens": 39, "requests": ["r-1"], "complete": ["r-1"]}. A transfer larger than the body
-// limit comes in several writes with increasing KV-Offset.
+// is empty and the slots are only marked received. The headers are checked before the body
+// is read (a write they refuse costs no body). The metadata must be the one issued to a
+// request that is still prepared: one whose request finished, was aborted or never existed
+// is refused with 409 stale_kv_write and raises the stale-kv-write hazard, since its slots
+// may belong to another request now. Every slot must be reserved and not yet written, or
+// nothing is written (400 bad_kv_write). The answer is {"tokens": 39, "requests": ["r-1"],
+// "complete": ["r-1"]}. A transfer larger than the body limit comes in several writes with
+// increasing KV-Offset.
 //
 // POST /debug/abort {"user": "r-1"} aborts a request and answers {"user", "state",
 // "leaked"}. GET /v1/snapshot answers the engine's engine.Snapshot as JSON. GET /healthz
@@ -95,10 +115,11 @@
 // # Stream
 //
 // GET /v1/stream upgrades to a websocket (the token in the handshake's Authorization
-// header; a browser handshake from another origin is refused). The server sends JSON text
-// frames, each {"type": ..., ...}:
+// header; a browser handshake from another origin is refused; beyond
+// Limits.MaxConnectsPerSec attempts a second, 503 busy with Retry-After). The server sends
+// JSON text frames, each {"type": ..., ...}:
 //
-//	{"type":"hello","hello":{"protocol":3,"server":"kvtop 0.1.0","config":{...},"control":false,"ping_interval_ms":20000,"max_message_bytes":4096}}
+//	{"type":"hello","hello":{"protocol":4,"server":"kvtop 0.1.0","config":{...},"control":false,"ping_interval_ms":20000,"max_message_bytes":4096}}
 //	{"type":"snapshot","seq":1,"snapshot":{...engine.Snapshot...}}
 //	{"type":"events","seq":2,"events":[{"kind":"request_arrived","step":3,"at":1700000000000,"id":"r-1",...},...]}
 //	{"type":"status","status":{"paused":false,"rate":50,"target":50,"controllable":false}}
@@ -109,9 +130,11 @@
 // exactly one from frame to frame on a connection. Events are batched: all that are pending
 // when the connection is ready to write, up to Limits.FrameEvents a frame. A client that
 // falls behind is sent dropped, then a fresh snapshot. The client sends {"type":"snapshot"}
-// to resync, and, when the server runs with control on, {"type":"pause"},
-// {"type":"resume"} and {"type":"step","n":3}; otherwise it is answered with an error
-// frame. The server pings every PingInterval and closes a client that stops answering.
+// to resync (at most one is answered a Limits.ResyncInterval, with the latest state; those
+// between are coalesced), and, when the server runs with control on, {"type":"pause"},
+// {"type":"resume"} and {"type":"step","n":3} (no n: one step); otherwise it is answered
+// with an error frame. Snapshots are built once for every client that needs one at a time
+// and encoded once for all of them, so viewers cannot slow the engine. The server pings every PingInterval and closes a client that stops answering.
 // protocol.Version is the protocol's version, with its history.
 //
 // # Concurrency

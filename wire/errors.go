@@ -41,10 +41,14 @@ const (
 	errTooLarge       = "too_large"
 	errUnauthorized   = "unauthorized"
 	errForbidden      = "forbidden_origin"
+	errForbiddenHost  = "forbidden_host"
+	errMediaType      = "unsupported_media_type"
+	errBadID          = "bad_id"
 	errNotFound       = "not_found"
 	errMethod         = "method_not_allowed"
 	errUnsupported    = "unsupported"
 	errUnavailable    = "unavailable"
+	errBusy           = "busy"
 	errInternal       = "internal_error"
 )
 
@@ -60,6 +64,7 @@ var engineErrors = []struct {
 	{engine.ErrEnded, http.StatusConflict, "request_ended"},
 	{engine.ErrBadBegin, http.StatusBadRequest, "bad_begin"},
 	{engine.ErrBadKVWrite, http.StatusBadRequest, "bad_kv_write"},
+	{engine.ErrStaleKVWrite, http.StatusConflict, "stale_kv_write"},
 	{engine.ErrBadRequest, http.StatusBadRequest, errInvalidRequest},
 	{feed.ErrReadOnly, http.StatusForbidden, "read_only"},
 	{prepare.ErrBadWindow, http.StatusBadRequest, "bad_window"},
@@ -70,6 +75,7 @@ var engineErrors = []struct {
 	{prepare.ErrBadMetadata, http.StatusBadRequest, "bad_metadata"},
 	{runner.ErrAborted, http.StatusConflict, "request_aborted"},
 	{runner.ErrStopped, http.StatusServiceUnavailable, errUnavailable},
+	{runner.ErrBusy, http.StatusServiceUnavailable, errBusy},
 	{context.DeadlineExceeded, http.StatusServiceUnavailable, errUnavailable},
 }
 
@@ -90,8 +96,11 @@ func classify(err error) *apiError {
 // writeError answers {"error": {"message", "type"}} with the error's status.
 func writeError(w http.ResponseWriter, err error) {
 	ae := classify(err)
-	if ae.status == http.StatusUnauthorized {
+	switch {
+	case ae.status == http.StatusUnauthorized:
 		w.Header().Set("WWW-Authenticate", `Bearer realm="kvtop"`)
+	case ae.typ == errBusy:
+		w.Header().Set("Retry-After", "1")
 	}
 	writeJSON(w, ae.status, struct {
 		Error protocol.ErrorBody `json:"error"`

@@ -95,6 +95,9 @@ func (h *harness) call(ctx context.Context, method, path string, body []byte, hd
 	if h.token != "" {
 		req.Header.Set("Authorization", "Bearer "+h.token)
 	}
+	if method == http.MethodPost && path != "/v1/kv" {
+		req.Header.Set("Content-Type", "application/json") // as a router sends its calls
+	}
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
@@ -255,6 +258,7 @@ type viewer struct {
 	events    int
 	dropped   uint64
 	status    *feed.Status
+	epoch     uint64
 }
 
 func (v *viewer) apply(t *testing.T, u feed.Update) {
@@ -281,6 +285,7 @@ func (v *viewer) apply(t *testing.T, u feed.Update) {
 		v.status = &st
 	}
 	v.dropped = u.Dropped
+	v.epoch = u.Epoch
 }
 
 // sameState compares a view's snapshot with the engine's, as JSON (what travels), and

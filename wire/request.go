@@ -3,9 +3,12 @@ package wire
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/kvtop/kvtop/engine"
 )
@@ -45,6 +48,9 @@ func DecodePrepRecv(b []byte, maxTokens int) (engine.PrepRecv, error) {
 	if err := decodeJSON(call, b, &body); err != nil {
 		return engine.PrepRecv{}, err
 	}
+	if err := checkID(call, body.User); err != nil {
+		return engine.PrepRecv{}, err
+	}
 	prompt, err := parsePrompt(call, body.Prompt)
 	if err != nil {
 		return engine.PrepRecv{}, err
@@ -57,7 +63,8 @@ func DecodePrepRecv(b []byte, maxTokens int) (engine.PrepRecv, error) {
 		pr.End, pr.HasEnd = int(*body.End), true
 	}
 	if body.MaxTokens != nil {
-		if err := intRange(call, "max_tokens", *body.MaxTokens, 0, int64(maxTokens)); err != nil {
+		// 0 is refused, not taken for the default: a router that asks for no tokens has a bug.
+		if err := intRange(call, "max_tokens", *body.MaxTokens, 1, int64(maxTokens)); err != nil {
 			return engine.PrepRecv{}, err
 		}
 		pr.MaxTokens = int(*body.MaxTokens)
@@ -193,6 +200,9 @@ func decodeStartGenerate(b []byte) (startGenerate, error) {
 	if body.User == "" {
 		return startGenerate{}, errorf(http.StatusBadRequest, errInvalidRequest, "%s: the request id (user) is empty", call)
 	}
+	if err := checkID(call, body.User); err != nil {
+		return startGenerate{}, err
+	}
 	if body.Begin == nil {
 		return startGenerate{}, errorf(http.StatusBadRequest, errInvalidRequest,
 			"start_generate %s: begin is required (the end the prep_recv used)", body.User)
@@ -225,5 +235,46 @@ func decodeAbort(b []byte) (string, error) {
 	if body.User == "" {
 		return "", errorf(http.StatusBadRequest, errInvalidRequest, "abort: the request id (user) is empty")
 	}
-	return body.User, nil
+	return body.User, checkID("abort", body.User)
+}
+
+// MaxIDBytes bounds a request id (the user field).
+const MaxIDBytes = 256
+
+// checkID refuses a request id that would break what shows it: longer than MaxIDBytes,
+// not UTF-8, or holding a control character (a newline breaks the table and the logs), a
+// line or paragraph separator, or a bidirectional control (it can make one id read as
+// another).
+func checkID(call, id string) error {
+	bad := func(why string) error {
+		return errorf(http.StatusBadRequest, errBadID, "%s: the request id (user) %q %s", call, truncate(id, 64), why)
+	}
+	if len(id) > MaxIDBytes {
+		return bad(fmt.Sprintf("is %d bytes, over the limit of %d", len(id), MaxIDBytes))
+	}
+	if !utf8.ValidString(id) {
+		return bad("is not valid UTF-8")
+	}
+	for i, r := range id {
+		switch {
+		case unicode.IsControl(r):
+			return bad(fmt.Sprintf("has the control character %U at byte %d", r, i))
+		case unicode.In(r, unicode.Zl, unicode.Zp):
+			return bad(fmt.Sprintf("has the line separator %U at byte %d", r, i))
+		case unicode.Is(unicode.Bidi_Control, r):
+			return bad(fmt.Sprintf("has the bidirectional control %U at byte %d", r, i))
+		}
+	}
+	return nil
+}
+
+// truncate shortens s to at most n bytes for a message, on a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }

@@ -4,11 +4,8 @@ import (
 	"bufio"
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	"net"
 	"net/http"
-	"net/url"
-	"strings"
 	"sync"
 	"time"
 
@@ -44,6 +41,12 @@ type Limits struct {
 	WriteTimeout time.Duration
 	// FrameEvents bounds the events in one events frame.
 	FrameEvents int
+	// ResyncInterval spaces the snapshots one stream client may ask for: requests within it
+	// are coalesced and answered, with the latest state, once it has passed.
+	ResyncInterval time.Duration
+	// MaxConnectsPerSec caps the stream's connection attempts a second (with as many in a
+	// burst); more are answered 503 with Retry-After.
+	MaxConnectsPerSec int
 }
 
 // DefaultLimits returns the limits kvtop serve starts with.
@@ -58,6 +61,10 @@ func DefaultLimits() Limits {
 		PingInterval:    20 * time.Second,
 		WriteTimeout:    10 * time.Second,
 		FrameEvents:     4096,
+		ResyncInterval:  time.Second,
+		// Enough for every dashboard of a team coming back after a restart (the client
+		// backs off and retries), few enough that connection churn costs nothing.
+		MaxConnectsPerSec: 20,
 	}
 }
 
@@ -89,6 +96,12 @@ func (l Limits) withDefaults() Limits {
 	if l.FrameEvents <= 0 {
 		l.FrameEvents = d.FrameEvents
 	}
+	if l.ResyncInterval <= 0 {
+		l.ResyncInterval = d.ResyncInterval
+	}
+	if l.MaxConnectsPerSec <= 0 {
+		l.MaxConnectsPerSec = d.MaxConnectsPerSec
+	}
 	return l
 }
 
@@ -97,6 +110,9 @@ type Options struct {
 	// Token, when set, is required on every call and on the stream's handshake, as
 	// "Authorization: Bearer TOKEN".
 	Token string
+	// Hosts are the names besides loopback ones that a call's Host header may give when the
+	// server has no token: the listen address's host (guard.go).
+	Hosts []string
 	// Control lets stream clients pause, resume and step the engine.
 	Control bool
 	// Version names the server in the stream's hello ("kvtop 0.1.0").
@@ -128,6 +144,10 @@ type Server struct {
 	registry *prometheus.Registry
 	trace    *tracer
 
+	connects *limiter         // the stream's connection attempts
+	snapMu   sync.Mutex       // guards lastSnap
+	lastSnap *encodedSnapshot // the last snapshot a stream client sent, encoded once
+
 	ctx    context.Context // ended by Close
 	cancel context.CancelFunc
 	conns  sync.WaitGroup // stream connections and the tracer
@@ -150,6 +170,7 @@ type route struct {
 	method  string
 	name    string // the metrics label
 	handler func(http.ResponseWriter, *http.Request) error
+	json    bool // the body is JSON: Content-Type application/json required
 }
 
 // NewServer returns a server for r. It does not wait for r to run, but its tracer subscribes
@@ -167,21 +188,22 @@ func NewServer(r *runner.Runner, opts Options) *Server {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{r: r, opts: opts, lim: opts.Limits.withDefaults(), ctx: ctx, cancel: cancel}
+	s.connects = newLimiter(float64(s.lim.MaxConnectsPerSec), opts.Clock)
 	if opts.Token != "" {
 		s.token = sha256.Sum256([]byte(opts.Token))
 	}
 	s.subscribe = func() source { return r.Subscribe() }
 	s.mux = map[string]route{
-		"/microserving/prep_recv":      {http.MethodPost, "prep_recv", s.prepRecv},
-		"/microserving/start_generate": {http.MethodPost, "start_generate", s.startGenerate},
-		"/microserving/remote_send":    {http.MethodPost, "remote_send", s.remoteSend},
-		"/v1/kv":                       {http.MethodPost, "kv", s.kv},
-		"/v1/snapshot":                 {http.MethodGet, "snapshot", s.snapshot},
-		"/v1/stream":                   {http.MethodGet, "stream", s.stream},
-		"/debug/abort":                 {http.MethodPost, "abort", s.abort},
-		"/debug/dump_event_trace":      {http.MethodPost, "dump_event_trace", s.dumpTrace},
-		"/healthz":                     {http.MethodGet, "healthz", s.healthz},
-		"/metrics":                     {http.MethodGet, "metrics", nil}, // set by newMetrics
+		"/microserving/prep_recv":      {http.MethodPost, "prep_recv", s.prepRecv, true},
+		"/microserving/start_generate": {http.MethodPost, "start_generate", s.startGenerate, true},
+		"/microserving/remote_send":    {http.MethodPost, "remote_send", s.remoteSend, false},
+		"/v1/kv":                       {http.MethodPost, "kv", s.kv, false},
+		"/v1/snapshot":                 {http.MethodGet, "snapshot", s.snapshot, false},
+		"/v1/stream":                   {http.MethodGet, "stream", s.stream, false},
+		"/debug/abort":                 {http.MethodPost, "abort", s.abort, true},
+		"/debug/dump_event_trace":      {http.MethodPost, "dump_event_trace", s.dumpTrace, false},
+		"/healthz":                     {http.MethodGet, "healthz", s.healthz, false},
+		"/metrics":                     {http.MethodGet, "metrics", nil, false}, // set by newMetrics
 	}
 	s.trace = newTracer(opts.TraceRequests)
 	s.registry, s.metrics = newMetrics(s)
@@ -208,6 +230,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 	defer func() { s.metrics.request(name, rec.status) }()
+	if err := s.checkHost(r); err != nil {
+		writeError(rec, err)
+		return
+	}
 	if !s.authorized(r) {
 		writeError(rec, errorf(http.StatusUnauthorized, errUnauthorized,
 			"%s %s: missing or wrong token: send the header \"Authorization: Bearer TOKEN\" with the server's --token", r.Method, r.URL.Path))
@@ -220,6 +246,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != rt.method && !(rt.method == http.MethodGet && r.Method == http.MethodHead) {
 		rec.Header().Set("Allow", rt.method)
 		writeError(rec, errorf(http.StatusMethodNotAllowed, errMethod, "%s %s: use %s", r.Method, r.URL.Path, rt.method))
+		return
+	}
+	if err := s.checkCall(r, rt); err != nil {
+		writeError(rec, err)
 		return
 	}
 	if err := rt.handler(rec, r); err != nil {
@@ -235,34 +265,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		writeError(rec, err)
 	}
-}
-
-// authorized compares the bearer token in constant time (hashes of equal length, so not
-// even the length leaks).
-func (s *Server) authorized(r *http.Request) bool {
-	if s.opts.Token == "" {
-		return true
-	}
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok {
-		return false
-	}
-	h := sha256.Sum256([]byte(got))
-	return subtle.ConstantTimeCompare(h[:], s.token[:]) == 1
-}
-
-// sameOrigin accepts a websocket handshake from a non-browser client (no Origin) or from a
-// page served by this host; a page elsewhere must not drive the engine from a browser.
-func sameOrigin(r *http.Request) bool {
-	origin := r.Header.Get("Origin")
-	if origin == "" {
-		return true
-	}
-	u, err := url.Parse(origin)
-	if err != nil {
-		return false
-	}
-	return strings.EqualFold(u.Host, r.Host)
 }
 
 // Close ends every stream connection and the tracer, and waits for them. Calls in flight

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/wire/protocol"
 )
@@ -24,15 +25,16 @@ var upgrader = websocket.Upgrader{
 	// Large writes go out in 64 KiB frames from pooled buffers: few syscalls, and an idle
 	// connection holds no buffer.
 	WriteBufferPool: &sync.Pool{},
-	CheckOrigin:     sameOrigin,
+	// The server's guard checked the Origin before the handler ran (guard.go).
+	CheckOrigin: func(*http.Request) bool { return true },
 }
 
 func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
-	if !sameOrigin(r) {
-		return errorf(http.StatusForbidden, errForbidden, "stream: cross-origin websocket handshake from %q refused (this host is %q)", r.Header.Get("Origin"), r.Host)
-	}
 	if !websocket.IsWebSocketUpgrade(r) {
 		return errorf(http.StatusBadRequest, errInvalidRequest, "stream: %s is a websocket; connect with a websocket client such as kvtop --attach", StreamPath)
+	}
+	if !s.connects.allow() {
+		return errorf(http.StatusServiceUnavailable, errBusy, "stream: more than %d connection attempts a second; try again shortly", s.lim.MaxConnectsPerSec)
 	}
 	s.mu.Lock()
 	if s.closed {
@@ -47,7 +49,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 		s.logf("stream: upgrade from %s: %v", r.RemoteAddr, err) // the upgrader answered
 		return nil
 	}
-	c := &streamConn{s: s, conn: conn, errs: make(chan protocol.ErrorBody, 16), readDone: make(chan struct{})}
+	c := &streamConn{s: s, conn: conn, errs: make(chan protocol.ErrorBody, 16), readDone: make(chan struct{}), resync: make(chan struct{}, 1)}
 	c.serve()
 	return nil
 }
@@ -60,6 +62,7 @@ type streamConn struct {
 	sub      source
 	errs     chan protocol.ErrorBody // replies for the writer, from the reader
 	readDone chan struct{}
+	resync   chan struct{} // the client asked for a snapshot (coalesced)
 
 	seq      uint64 // of the last snapshot or events frame
 	reported uint64 // dropped events already told
@@ -92,12 +95,30 @@ func (c *streamConn) serve() {
 	defer stop()
 	ping := time.NewTicker(lim.PingInterval)
 	defer ping.Stop()
+	// A client's resyncs are spaced by the resync interval; those that come sooner are
+	// coalesced into one, answered with the state when the interval has passed.
+	var lastResync time.Time // the first may come at once
+	var resyncDue <-chan time.Time
 	for {
 		select {
 		case <-s.ctx.Done():
 			return
 		case <-c.readDone:
 			return
+		case <-c.resync:
+			if resyncDue != nil {
+				break // one is due already
+			}
+			if wait := lim.ResyncInterval - time.Since(lastResync); wait > 0 {
+				resyncDue = time.After(wait)
+				break
+			}
+			c.sub.Resync()
+			lastResync = time.Now()
+		case <-resyncDue:
+			resyncDue = nil
+			c.sub.Resync()
+			lastResync = time.Now()
 		case eb := <-c.errs:
 			if err := c.write(&protocol.Frame{Type: protocol.FrameError, Error: &eb}); err != nil {
 				return
@@ -149,7 +170,7 @@ func (c *streamConn) send(u feed.Update) error {
 			s.metrics.resyncs.Add(1)
 		}
 		c.seq++
-		if err := c.write(&protocol.Frame{Type: protocol.FrameSnapshot, Seq: c.seq, Snapshot: u.Snapshot}); err != nil {
+		if err := c.writeSnapshot(u.Snapshot); err != nil {
 			return err
 		}
 	}
@@ -188,6 +209,26 @@ func (c *streamConn) write(f *protocol.Frame) error {
 	return nil
 }
 
+// writeSnapshot writes a snapshot frame from the encoding every client of the server shares.
+func (c *streamConn) writeSnapshot(snap *engine.Snapshot) error {
+	enc, err := c.s.encoded(snap)
+	if err != nil {
+		return err
+	}
+	c.conn.SetWriteDeadline(time.Now().Add(c.s.lim.WriteTimeout))
+	w, err := c.conn.NextWriter(websocket.TextMessage)
+	if err == nil {
+		err = enc.WriteFrame(w, c.seq)
+		if cerr := w.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("write snapshot frame: %w", err)
+	}
+	return nil
+}
+
 func (c *streamConn) close(code int, text string) {
 	msg := websocket.FormatCloseMessage(code, text)
 	_ = c.conn.WriteControl(websocket.CloseMessage, msg, time.Now().Add(time.Second))
@@ -219,13 +260,19 @@ func (c *streamConn) handle(data []byte) *protocol.ErrorBody {
 	}
 	switch feed.ControlOp(m.Type) {
 	case feed.ControlSnapshot:
-		c.sub.Resync()
+		select {
+		case c.resync <- struct{}{}:
+		default: // one is pending: it answers this one too
+		}
 		return nil
 	case feed.ControlPause, feed.ControlResume, feed.ControlStep:
 		if !c.s.opts.Control {
 			return &protocol.ErrorBody{Type: "read_only", Message: fmt.Sprintf("stream: %s: this server is read-only; start kvtop serve with --control to allow pause, resume and step", m.Type)}
 		}
 		ctl := feed.Control{Op: feed.ControlOp(m.Type), N: m.N}
+		if ctl.Op == feed.ControlStep && m.N == 0 {
+			ctl.N = 1 // {"type":"step"}: one step
+		}
 		if err := ctl.Validate(); err != nil {
 			return &protocol.ErrorBody{Type: errInvalidRequest, Message: "stream: " + err.Error()}
 		}

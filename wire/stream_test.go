@@ -3,6 +3,7 @@ package wire_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -200,6 +201,19 @@ func TestStreamControl(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	if got := h.snapshot().Totals.Steps; got != before+3 {
 		t.Errorf("steps after step 3 while paused = %d, want %d", got, before+3)
+	}
+	// {"type":"step"} without n is one step (a raw client; the Go client always sends n).
+	raw, _, err := websocket.DefaultDialer.Dial(h.wsURL(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if err := raw.WriteMessage(websocket.TextMessage, []byte(`{"type":"step"}`)); err != nil {
+		t.Fatal(err)
+	}
+	takeUntil("one more step", func() bool { return v.view.Totals().Steps == before+4 })
+	if got := h.snapshot().Totals.Steps; got != before+4 {
+		t.Errorf(`steps after {"type":"step"} = %d, want one more: %d`, got, before+4)
 	}
 	if err := c.Control(feed.Control{Op: feed.ControlResume}); err != nil {
 		t.Fatal(err)
@@ -493,6 +507,9 @@ func TestReconnectAfterServerRestart(t *testing.T) {
 	h1.load(t, "a", 5)
 	h1.pause()
 	follow(h1, "the first server")
+	if v.epoch != 0 {
+		t.Errorf("epoch of the first connection = %d, want 0", v.epoch)
+	}
 	if l := c.Link(); l.State != feed.LinkUp || l.Name != addr {
 		t.Errorf("Link() = %+v, want connected to %s", l, addr)
 	}
@@ -508,6 +525,9 @@ func TestReconnectAfterServerRestart(t *testing.T) {
 	h2.load(t, "b", 3)
 	h2.pause()
 	follow(h2, "the restarted server")
+	if v.epoch != 1 {
+		t.Errorf("epoch after reconnecting = %d, want 1: a recorder must know the steps may start over", v.epoch)
+	}
 	if l := c.Link(); l.State != feed.LinkUp || l.Attempts != 0 || l.Err != "" {
 		t.Errorf("Link() after reconnecting = %+v, want connected", l)
 	}
@@ -530,4 +550,70 @@ func newHarnessOn(t *testing.T, addr string, s setup) *harness {
 	ts.Start()
 	h.ts = ts
 	return h
+}
+
+// A client that floods the server with snapshot requests gets them coalesced: at most one
+// snapshot a ResyncInterval, answered with the latest state.
+func TestResyncsAreCoalesced(t *testing.T) {
+	const interval = 200 * time.Millisecond
+	h := newHarness(t, setup{paused: true, opts: func(o *wire.Options) { o.Limits.ResyncInterval = interval }})
+	conn, _, err := websocket.DefaultDialer.Dial(h.wsURL(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for f := readFrame(t, conn); f.Type != protocol.FrameSnapshot; f = readFrame(t, conn) {
+	}
+	start := time.Now()
+	for range 100 {
+		if err := conn.WriteMessage(websocket.TextMessage, []byte(`{"type":"snapshot"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snapshots := 0
+	conn.SetReadDeadline(time.Now().Add(time.Second))
+	for {
+		_, data, err := conn.ReadMessage()
+		if err != nil {
+			break // the read deadline: the window is over
+		}
+		if bytes.HasPrefix(data, []byte(`{"type":"snapshot"`)) {
+			snapshots++
+		}
+	}
+	allowed := 2 + int(time.Since(start)/interval)
+	if snapshots == 0 || snapshots > allowed {
+		t.Errorf("100 snapshot requests answered with %d snapshots in %v, want between 1 and %d (one a %v)", snapshots, time.Since(start).Round(time.Millisecond), allowed, interval)
+	}
+}
+
+// Connection attempts beyond MaxConnectsPerSec are answered 503 with Retry-After, which the
+// client takes as a reason to retry, not to give up; the next second has room again.
+func TestStreamConnectionsAreCapped(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Unix(1_700_000_000, 0)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	h := newHarness(t, setup{opts: func(o *wire.Options) { o.Limits.MaxConnectsPerSec = 3; o.Clock = clock }})
+	for i := range 3 {
+		conn, _, err := websocket.DefaultDialer.Dial(h.wsURL(), nil)
+		if err != nil {
+			t.Fatalf("connection %d of 3: %v", i+1, err)
+		}
+		conn.Close()
+	}
+	_, resp, err := websocket.DefaultDialer.Dial(h.wsURL(), nil)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("a fourth connection in the same second: %v (%v), want 503 with Retry-After", resp, err)
+	}
+	if _, err := wire.Dial(context.Background(), h.ts.URL, wire.ClientOptions{}); err == nil || errors.Is(err, wire.ErrForbidden) || errors.Is(err, wire.ErrUnauthorized) {
+		t.Errorf("Dial over the cap = %v, want a retryable error", err)
+	}
+	mu.Lock()
+	now = now.Add(time.Second)
+	mu.Unlock()
+	c, err := wire.Dial(context.Background(), h.ts.URL, wire.ClientOptions{})
+	if err != nil {
+		t.Fatalf("a second later: %v", err)
+	}
+	c.Close()
 }

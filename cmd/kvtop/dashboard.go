@@ -24,6 +24,11 @@ import (
 // demoStepsPerSec paces the demo's engine so a person can follow it.
 const demoStepsPerSec = 20
 
+// dashboardBounds are the ranges of the dashboard command's own numeric flags.
+var dashboardBounds = map[string]bound{
+	"speed": floats(0, maxRate, true),
+}
+
 // dashboardConfig is what the dashboard command was asked to do.
 type dashboardConfig struct {
 	attach   string
@@ -39,7 +44,19 @@ type dashboardConfig struct {
 // parseDashboard reads the dashboard command's flags: the demo's (a scenario and the engine
 // settings) or --attach's.
 func parseDashboard(args []string, stderr io.Writer) (dashboardConfig, error) {
-	var dc dashboardConfig
+	fs, build := dashboardFlags(stderr)
+	if err := fs.Parse(args); err != nil {
+		return dashboardConfig{}, err
+	}
+	if fs.NArg() > 0 {
+		return dashboardConfig{}, fmt.Errorf("unexpected argument %q (commands: serve, replay, help)", fs.Arg(0))
+	}
+	return build()
+}
+
+// dashboardFlags registers the dashboard command's flags and returns the function that
+// checks them once parsed.
+func dashboardFlags(stderr io.Writer) (*flag.FlagSet, func() (dashboardConfig, error)) {
 	fs := flag.NewFlagSet("kvtop", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -64,56 +81,53 @@ The demo's scenarios (--scenario):
 	noColor := fs.Bool("no-color", false, "draw without colour (NO_COLOR in the environment does too)")
 	light := fs.Bool("light", false, "styles for a light terminal background")
 	mouse := fs.Bool("mouse", false, "use the mouse: click panels, rows, pages and the charts (to rewind); the wheel scrolls")
-	build := engineFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return dc, err
-	}
-	if fs.NArg() > 0 {
-		return dc, fmt.Errorf("unexpected argument %q (commands: serve, replay, help)", fs.Arg(0))
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	dc.attach, dc.token, dc.record = *attach, *token, *rec
-	if dc.token == "" {
-		dc.token = os.Getenv("KVTOP_TOKEN")
-	}
-	dc.ui = ui.Options{NoColor: *noColor, Light: *light, Mouse: *mouse}
-	if dc.attach != "" {
-		for name := range set {
-			if name != "attach" && name != "token" && name != "record" && name != "no-color" && name != "light" && name != "mouse" {
-				return dc, fmt.Errorf("--%s is for the demo; with --attach the server's settings apply", name)
-			}
-		}
-		if _, err := wire.StreamURL(dc.attach); err != nil {
+	buildEngine := engineFlags(fs)
+	return fs, func() (dashboardConfig, error) {
+		var dc dashboardConfig
+		if err := checkBounds(fs, engineBounds, dashboardBounds); err != nil {
 			return dc, err
 		}
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		dc.attach, dc.token, dc.record = *attach, *token, *rec
+		if dc.token == "" {
+			dc.token = os.Getenv("KVTOP_TOKEN")
+		}
+		dc.ui = ui.Options{NoColor: *noColor, Light: *light, Mouse: *mouse}
+		if dc.attach != "" {
+			for name := range set {
+				if name != "attach" && name != "token" && name != "record" && name != "no-color" && name != "light" && name != "mouse" {
+					return dc, fmt.Errorf("--%s is for the demo; with --attach the server's settings apply", name)
+				}
+			}
+			if _, err := wire.StreamURL(dc.attach); err != nil {
+				return dc, err
+			}
+			return dc, nil
+		}
+		if set["token"] {
+			return dc, errors.New("--token is for --attach")
+		}
+		sc, err := sim.Lookup(*scenario)
+		if err != nil {
+			return dc, err
+		}
+		if *tracePath != "" && sc.Name != "trace" {
+			return dc, fmt.Errorf("--trace is for --scenario trace")
+		}
+		base := engine.DefaultConfig()
+		sc.Configure(&base)
+		cfg, rate, err := buildEngine(base)
+		if err != nil {
+			return dc, err
+		}
+		if !set["steps-per-sec"] {
+			rate = demoStepsPerSec
+		}
+		dc.scenario, dc.engine, dc.rate = sc, cfg, rate
+		dc.opts = sim.Options{Seed: cfg.Seed, TracePath: *tracePath, Speed: *speed}
 		return dc, nil
 	}
-	if set["token"] {
-		return dc, errors.New("--token is for --attach")
-	}
-	sc, err := sim.Lookup(*scenario)
-	if err != nil {
-		return dc, err
-	}
-	if *speed <= 0 {
-		return dc, fmt.Errorf("--speed %v must be positive", *speed)
-	}
-	if *tracePath != "" && sc.Name != "trace" {
-		return dc, fmt.Errorf("--trace is for --scenario trace")
-	}
-	base := engine.DefaultConfig()
-	sc.Configure(&base)
-	cfg, rate, err := build(base)
-	if err != nil {
-		return dc, err
-	}
-	if !set["steps-per-sec"] {
-		rate = demoStepsPerSec
-	}
-	dc.scenario, dc.engine, dc.rate = sc, cfg, rate
-	dc.opts = sim.Options{Seed: cfg.Seed, TracePath: *tracePath, Speed: *speed}
-	return dc, nil
 }
 
 // runDashboard is `kvtop` (the demo) and `kvtop --attach`.
@@ -126,7 +140,7 @@ func runDashboard(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvtop: %v\n", err)
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
 	defer stop()
 	src, name, control, err := dashboardSource(ctx, dc, stderr)
 	if err != nil {
@@ -137,14 +151,14 @@ func runDashboard(args []string, stdout, stderr io.Writer) int {
 	opts.Name, opts.Control = name, control
 	opts.Record = recordIn(".", time.Now)
 	if dc.record != "" {
-		rec, err := record.Create(dc.record)
+		rec, closeRec, err := startRecording(ctx, dc.record)
 		if err != nil {
 			src.Close()
 			fmt.Fprintf(stderr, "kvtop: %v\n", err)
 			return 1
 		}
 		defer func() {
-			if err := rec.Close(); err != nil {
+			if err := closeRec(); err != nil {
 				fmt.Fprintf(stderr, "kvtop: %v\n", err)
 			}
 		}()
@@ -155,6 +169,30 @@ func runDashboard(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// stopSignals are the signals that end the dashboard cleanly, its recording flushed: every
+// one kvtop can catch that means "stop" (SIGHUP: the terminal closed, the ssh session
+// dropped), rather than dying on its default action with the recording in a buffer.
+var stopSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
+
+// startRecording creates a recording and flushes it the moment ctx ends (a signal), before
+// the dashboard winds down; the returned function closes it. The recorder itself flushes
+// within record.FlushEvery, which is what a kill -9 leaves.
+func startRecording(ctx context.Context, path string) (*record.Recorder, func() error, error) {
+	rec, err := record.Create(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			_ = rec.Flush()
+		case <-done:
+		}
+	}()
+	return rec, func() error { close(done); return rec.Close() }, nil
 }
 
 // dashboardSource starts what the dashboard draws: the demo's engine and workload, or the

@@ -24,13 +24,25 @@ import (
 // its HTTP API, as real ones would: prep_recv and start_generate calls that wait for their
 // answers on their own goroutines, and KV writes to /v1/kv. The driver itself stays on one
 // goroutine: answers come back to it through a channel it drains at every tick.
+//
+// The prep_recv calls waiting for admission are bounded (maxDrivePrepRecv): a workload that
+// arrives faster than the engine admits has the rest refused at once, as an overloaded
+// router would, instead of piling up goroutines.
 type httpDrive struct {
 	base, token string
 	client      *http.Client
 	obs         chan func(*sim.Driver, sim.Calls)
 	ctx         context.Context
 	wg          sync.WaitGroup
+	preps       chan struct{} // a token per prep_recv call in flight
 }
+
+// maxDrivePrepRecv bounds the driver's prep_recv calls in flight; it stays under
+// --max-waiting's default, so the driver alone does not meet the server's 503.
+const maxDrivePrepRecv = 256
+
+// errDriveBusy refuses a request the driver has no room to send.
+var errDriveBusy = errors.New("driver: too many prep_recv calls waiting for admission; the request is dropped")
 
 // driveHTTP runs the scenario against the server at base until ctx ends.
 func driveHTTP(ctx context.Context, base, token string, sc sim.Scenario, opts sim.Options) error {
@@ -39,7 +51,8 @@ func driveHTTP(ctx context.Context, base, token string, sc sim.Scenario, opts si
 		return err
 	}
 	d := sim.NewDriver(w, sc.Driver)
-	h := &httpDrive{base: strings.TrimRight(base, "/"), token: token, client: &http.Client{}, obs: make(chan func(*sim.Driver, sim.Calls), 4096), ctx: ctx}
+	h := &httpDrive{base: strings.TrimRight(base, "/"), token: token, client: &http.Client{}, obs: make(chan func(*sim.Driver, sim.Calls), 4096), ctx: ctx,
+		preps: make(chan struct{}, maxDrivePrepRecv)}
 	defer h.wg.Wait()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
@@ -104,13 +117,23 @@ func (h *httpDrive) send(f func(*sim.Driver, sim.Calls)) {
 
 // PrepRecv sends prep_recv and waits for the answer on its own goroutine.
 func (h *httpDrive) PrepRecv(pr engine.PrepRecv) error {
-	body, err := json.Marshal(map[string]any{"user": pr.ID, "prompt": pr.Prompt, "end": pr.End, "max_tokens": pr.MaxTokens})
+	call := map[string]any{"user": pr.ID, "prompt": pr.Prompt, "end": pr.End}
+	if pr.MaxTokens > 0 { // 0 is "not said" (a trace's output length may be 0); the server refuses an explicit 0
+		call["max_tokens"] = pr.MaxTokens
+	}
+	body, err := json.Marshal(call)
 	if err != nil {
 		return err
+	}
+	select {
+	case h.preps <- struct{}{}:
+	default:
+		return fmt.Errorf("prep_recv %s: %w", pr.ID, errDriveBusy)
 	}
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
+		defer func() { <-h.preps }()
 		var ans struct {
 			PromptLength        int    `json:"prompt_length"`
 			PrefixMatchedLength int    `json:"prefix_matched_length"`

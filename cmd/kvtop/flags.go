@@ -75,9 +75,6 @@ func engineFlags(fs *flag.FlagSet) func(base engine.Config) (engine.Config, floa
 			}
 			c.Arena = g
 		}
-		if *rate < 0 {
-			return c, 0, fmt.Errorf("--steps-per-sec %v must not be negative", *rate)
-		}
 		if err := c.Validate(); err != nil {
 			return c, 0, err
 		}

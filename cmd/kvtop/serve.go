@@ -33,6 +33,8 @@ type serveOptions struct {
 	rate    float64
 	limits  wire.Limits
 	trace   int
+	// maxWaiting bounds the prep_recv calls waiting for admission (503 beyond).
+	maxWaiting int
 	// drivers run once the server listens, each on its own goroutine, with the server's
 	// base URL ("http://127.0.0.1:7070") and token, until ctx ends. This is the hook for
 	// `--drive SCENARIO`: a simulated router and prefill instance driving the server over
@@ -58,8 +60,10 @@ microserving API, and streams its step events to dashboards ('kvtop --attach HOS
   GET  /v1/stream                    the websocket the dashboard attaches to
 
 Security: the server listens on loopback by default. Any other address needs --token; then
-every call and the stream's handshake must send "Authorization: Bearer TOKEN". Browser
-pages from other origins cannot open the stream.
+every call and the stream's handshake must send "Authorization: Bearer TOKEN". Without a
+token a call must name this machine (or the --listen host) in its Host header. Browser pages
+from other origins can neither open the stream nor make calls that change state, and JSON
+calls must be sent as Content-Type: application/json (curl -H 'Content-Type: application/json').
 
 Flags:
 `
@@ -74,6 +78,25 @@ func parseServe(args []string, stderr io.Writer) (serveOptions, error) {
 		return serveOptions{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	return build()
+}
+
+// defaultMaxWaiting is --max-waiting's default: a queue far longer than a decode instance
+// admits from in a while, yet a bounded amount of memory (the prompts, the calls' goroutines).
+const defaultMaxWaiting = 512
+
+// serveBounds are the ranges of serve's own numeric flags.
+var serveBounds = map[string]bound{
+	"max-body":       ints(1, 1<<30),
+	"max-kv-body":    ints(1, 1<<32),
+	"max-ws-message": ints(1, 1<<26),
+	"max-tokens":     ints(1, 1<<20),
+	"max-waiting":    ints(1, 1<<20),
+	"header-timeout": durations(time.Millisecond, maxDay),
+	"ping":           durations(10*time.Millisecond, maxDay),
+	"write-timeout":  durations(time.Millisecond, maxDay),
+	"frame-events":   ints(1, 1<<20),
+	"trace-requests": ints(1, 1<<20),
+	"speed":          floats(0, maxRate, true),
 }
 
 // serveFlags registers serve's flags and returns the function that checks them once parsed.
@@ -99,20 +122,21 @@ func serveFlags(stderr io.Writer) (*flag.FlagSet, func() (serveOptions, error)) 
 	writeTimeout := fs.Duration("write-timeout", d.WriteTimeout, "time one write to a dashboard may take before it is closed")
 	frameEvents := fs.Int("frame-events", d.FrameEvents, "most events in one stream frame")
 	trace := fs.Int("trace-requests", 1024, "recent requests kept for /debug/dump_event_trace")
+	maxWaiting := fs.Int("max-waiting", defaultMaxWaiting, "most prep_recv calls waiting for admission at once; more are answered 503 with Retry-After")
 	drive := fs.String("drive", "", "drive the server with a built-in scenario's simulated router and prefill instance, over HTTP: "+scenarioNames())
 	tracePath := fs.String("trace", "", "with --drive trace: the Mooncake-format JSONL file")
 	speed := fs.Float64("speed", 1, "with --drive trace: the time scale (2 replays twice as fast)")
 	buildEngine := engineFlags(fs)
 	return fs, func() (serveOptions, error) {
+		if err := checkBounds(fs, engineBounds, serveBounds); err != nil {
+			return serveOptions{}, err
+		}
 		base := engine.DefaultConfig()
 		var drivers []func(context.Context, string, string) error
 		if *drive != "" {
 			sc, err := sim.Lookup(*drive)
 			if err != nil {
 				return serveOptions{}, fmt.Errorf("--drive: %w", err)
-			}
-			if *speed <= 0 {
-				return serveOptions{}, fmt.Errorf("--speed %v must be positive", *speed)
 			}
 			// The scenario's engine settings apply unless a flag overrides them.
 			sc.Configure(&base)
@@ -128,7 +152,7 @@ func serveFlags(stderr io.Writer) (*flag.FlagSet, func() (serveOptions, error)) 
 		} else if *tracePath != "" {
 			return serveOptions{}, errors.New("--trace is for --drive trace")
 		}
-		o, err := checkServe(serveOptions{listen: *listen, token: *token, control: *control, paused: *paused, verbose: *verbose, trace: *trace,
+		o, err := checkServe(serveOptions{listen: *listen, token: *token, control: *control, paused: *paused, verbose: *verbose, trace: *trace, maxWaiting: *maxWaiting,
 			limits: wire.Limits{MaxBodyBytes: *maxBody, MaxKVBytes: *maxKV, MaxMessageBytes: *maxMsg, MaxTokens: *maxTokens,
 				HeaderTimeout: *headerTimeout, PingInterval: *ping, WriteTimeout: *writeTimeout, FrameEvents: *frameEvents}},
 			func() (engine.Config, float64, error) { return buildEngine(base) })
@@ -160,22 +184,6 @@ func checkServe(o serveOptions, buildEngine func() (engine.Config, float64, erro
 	}
 	if o.token == "" {
 		o.token = os.Getenv("KVTOP_TOKEN")
-	}
-	l := o.limits
-	for _, p := range []struct {
-		name string
-		ok   bool
-		v    any
-	}{
-		{"max-body", l.MaxBodyBytes > 0, l.MaxBodyBytes}, {"max-kv-body", l.MaxKVBytes > 0, l.MaxKVBytes},
-		{"max-ws-message", l.MaxMessageBytes > 0, l.MaxMessageBytes}, {"max-tokens", l.MaxTokens > 0, l.MaxTokens},
-		{"header-timeout", l.HeaderTimeout > 0, l.HeaderTimeout}, {"ping", l.PingInterval > 0, l.PingInterval},
-		{"write-timeout", l.WriteTimeout > 0, l.WriteTimeout}, {"frame-events", l.FrameEvents > 0, l.FrameEvents},
-		{"trace-requests", o.trace > 0, o.trace},
-	} {
-		if !p.ok {
-			return o, fmt.Errorf("--%s %v must be positive", p.name, p.v)
-		}
 	}
 	host, _, err := net.SplitHostPort(o.listen)
 	if err != nil {
@@ -260,10 +268,13 @@ func startServer(ctx context.Context, o serveOptions, stderr io.Writer) (*server
 	if err != nil {
 		return nil, err
 	}
-	r := runner.New(e, runner.Config{StepsPerSec: o.rate, Clock: time.Now, StartPaused: o.paused})
+	r := runner.New(e, runner.Config{StepsPerSec: o.rate, Clock: time.Now, StartPaused: o.paused, MaxWaiting: o.maxWaiting})
 	rctx, stopRun := context.WithCancel(context.Background())
 	go r.Run(rctx)
 	opts := wire.Options{Token: o.token, Control: o.control, Version: "kvtop " + version, Limits: o.limits, TraceRequests: o.trace}
+	if host, _, err := net.SplitHostPort(o.listen); err == nil && host != "" {
+		opts.Hosts = []string{host} // the name dashboards and routers were told to use
+	}
 	if o.verbose {
 		opts.Logf = log.New(stderr, "kvtop serve: ", log.LstdFlags).Printf
 	}

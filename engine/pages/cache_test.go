@@ -3,6 +3,7 @@ package pages
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"slices"
 	"testing"
 )
@@ -367,6 +368,31 @@ func TestArenaLayout(t *testing.T) {
 	}
 	if _, err := NewArena(g, 1<<20, 16, 1<<20); !errors.Is(err, ErrArenaTooLarge) {
 		t.Errorf("NewArena over the limit = %v, want ErrArenaTooLarge", err)
+	}
+}
+
+// A geometry whose size overflows is refused, never wrapped into a small or zero arena.
+func TestArenaSizeDoesNotOverflow(t *testing.T) {
+	for _, g := range []Geometry{
+		{Layers: 32, KVHeads: 1, HeadDim: 144115188075855873}, // token bytes wrap to 128
+		{Layers: 1000000, KVHeads: 1000000, HeadDim: 1000000}, // a token fits; the arena does not
+		{Layers: 4294967296, KVHeads: 4294967296, HeadDim: 2}, // wraps to exactly 0
+	} {
+		if g.Zero() {
+			t.Errorf("%+v.Zero() = true, want false: no dimension is zero", g)
+		}
+		if got := g.TokenBytes(); got != -1 && g.Layers != 1000000 {
+			t.Errorf("%+v.TokenBytes() = %d, want -1 (overflow)", g, got)
+		}
+		if n, err := ArenaSize(g, 513, 16); !errors.Is(err, ErrArenaTooLarge) {
+			t.Errorf("ArenaSize(%+v) = %d, %v, want ErrArenaTooLarge", g, n, err)
+		}
+		if _, err := NewArena(g, 513, 16, math.MaxInt64); !errors.Is(err, ErrArenaTooLarge) {
+			t.Errorf("NewArena(%+v) = %v, want ErrArenaTooLarge", g, err)
+		}
+	}
+	if n, err := ArenaSize(Geometry{Layers: 32, KVHeads: 8, HeadDim: 128}, 513, 16); err != nil || n != 32*2*8*128*2*513*16 {
+		t.Errorf("ArenaSize(32x8x128, 513 pages of 16) = %d, %v", n, err)
 	}
 }
 

@@ -3,6 +3,8 @@ package pages
 import (
 	"errors"
 	"fmt"
+	"math"
+	"math/bits"
 )
 
 // Store holds the KV payload of the pages: the bytes a prefill instance writes and attention
@@ -28,10 +30,18 @@ type Geometry struct {
 }
 
 // TokenBytes returns the bytes of one token's KV in fp16: layers × {K,V} × heads × dim × 2.
-func (g Geometry) TokenBytes() int { return g.Layers * 2 * g.KVHeads * g.HeadDim * 2 }
+// It is only meaningful for a geometry ArenaSize accepts; for one whose size overflows it
+// returns -1, never a wrapped-around number.
+func (g Geometry) TokenBytes() int {
+	n, ok := checkedProduct(g.Layers, 2, g.KVHeads, g.HeadDim, 2)
+	if !ok || n > math.MaxInt {
+		return -1
+	}
+	return int(n)
+}
 
-// Zero reports whether the geometry holds no payload.
-func (g Geometry) Zero() bool { return g.TokenBytes() == 0 }
+// Zero reports whether the geometry holds no payload: one of its dimensions is zero.
+func (g Geometry) Zero() bool { return g.Layers == 0 || g.KVHeads == 0 || g.HeadDim == 0 }
 
 // ErrArenaTooLarge is returned for an arena that would not fit the limit it was given.
 var ErrArenaTooLarge = errors.New("pages: KV arena too large")
@@ -45,9 +55,50 @@ type Arena struct {
 	data     []byte
 }
 
-// ArenaBytes returns the size of an arena of the given shape.
+// ArenaBytes returns the size of an arena of the given shape, or -1 when it does not fit an
+// int64 (or a dimension is negative): callers compare it with a limit, and -1 must not pass
+// for a small arena, so use ArenaSize where the difference matters.
 func ArenaBytes(g Geometry, numPages, pageSize int) int64 {
-	return int64(g.TokenBytes()) * int64(numPages) * int64(pageSize)
+	n, err := ArenaSize(g, numPages, pageSize)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// ArenaSize returns the size of an arena of the given shape in bytes, computed without
+// overflow: a shape larger than any host's memory (or than an int64) is ErrArenaTooLarge,
+// one with a negative dimension ErrBadConfig.
+func ArenaSize(g Geometry, numPages, pageSize int) (int64, error) {
+	if g.Layers < 0 || g.KVHeads < 0 || g.HeadDim < 0 || numPages < 0 || pageSize < 0 {
+		return 0, fmt.Errorf("pages: arena geometry %+v of %d pages of %d: negative dimension: %w", g, numPages, pageSize, ErrBadConfig)
+	}
+	n, ok := checkedProduct(g.Layers, 2, g.KVHeads, g.HeadDim, 2, numPages, pageSize)
+	if !ok || n > maxArenaBytes {
+		return 0, fmt.Errorf("pages: arena geometry %+v of %d pages of %d: over %d bytes, more than any host holds: %w", g, numPages, pageSize, int64(maxArenaBytes), ErrArenaTooLarge)
+	}
+	return n, nil
+}
+
+// maxArenaBytes is more memory than any host has: an allocation beyond it would panic, not
+// fail.
+const maxArenaBytes = 1 << 47
+
+// checkedProduct multiplies non-negative factors and reports whether the product fits an
+// int64.
+func checkedProduct(factors ...int) (int64, bool) {
+	p := uint64(1)
+	for _, f := range factors {
+		if f < 0 {
+			return 0, false
+		}
+		hi, lo := bits.Mul64(p, uint64(f))
+		if hi != 0 || lo > math.MaxInt64 {
+			return 0, false
+		}
+		p = lo
+	}
+	return int64(p), true
 }
 
 // NewArena allocates a zeroed arena, refusing one larger than limit bytes. A zero geometry
@@ -59,7 +110,10 @@ func NewArena(g Geometry, numPages, pageSize int, limit int64) (*Arena, error) {
 	if g.Zero() {
 		return &Arena{numPages: numPages, pageSize: pageSize}, nil
 	}
-	size := ArenaBytes(g, numPages, pageSize)
+	size, err := ArenaSize(g, numPages, pageSize)
+	if err != nil {
+		return nil, err
+	}
 	if size > limit {
 		return nil, fmt.Errorf("pages: arena of %d bytes over the limit of %d: %w", size, limit, ErrArenaTooLarge)
 	}

@@ -15,6 +15,8 @@ import (
 var (
 	ErrStopped = errors.New("runner: stopped")
 	ErrAborted = errors.New("runner: request aborted")
+	// ErrBusy refuses a prep_recv while Config.MaxWaiting others wait for admission.
+	ErrBusy = errors.New("runner: too many requests waiting for admission")
 )
 
 // Config configures a Runner.
@@ -25,6 +27,9 @@ type Config struct {
 	Clock func() time.Time
 	// QueueSize bounds the calls waiting for the engine (default 1024).
 	QueueSize int
+	// MaxWaiting bounds the prep_recv calls waiting for admission at once; PrepRecv refuses
+	// more with ErrBusy. 0 leaves them unbounded.
+	MaxWaiting int
 	// Backlog is how many events a subscriber may have pending before it loses them
 	// (default feed.DefaultBacklog).
 	Backlog int
@@ -33,6 +38,12 @@ type Config struct {
 	// IdleTick is how often an idle engine still steps, so time-based hazards fire
 	// (default 250ms).
 	IdleTick time.Duration
+	// SnapshotInterval spaces the snapshots the engine builds for resyncing subscribers:
+	// every subscription that owes one (it lost events, or asked) waits for the next, which
+	// is built once for all of them, at most once per interval (default 50ms). A new
+	// subscription gets one at once. No snapshot is built while the engine has not changed
+	// since the last.
+	SnapshotInterval time.Duration
 	// Hook, when set, runs on the engine's goroutine around every step: a workload
 	// simulator uses it to make a router's calls in step with the engine.
 	Hook Hook
@@ -59,12 +70,21 @@ type Runner struct {
 	subs   map[*Subscription]struct{}
 	status feed.Status
 
+	// The next shared snapshot's takers (nil while none waits), and the snapshotter's wake-up.
+	snapMu   sync.Mutex
+	round    *snapRound
+	snapWake chan struct{}
+
 	// Owned by the Run goroutine.
 	stepBudget int
 	prepWait   map[string]chan prepResult
 	tokenWait  map[string]*tokenSink
+	backedUp   map[string]*tokenSink // the sinks of tokenWait with tokens queued
 	rateSteps  int
 	rateStart  time.Time
+	version    uint64           // counts the publishes that carried events
+	cached     *engine.Snapshot // the last shared snapshot, of state version cachedAt
+	cachedAt   uint64
 }
 
 // New returns a runner for e. Call Run to start it.
@@ -77,6 +97,9 @@ func New(e *engine.Engine, cfg Config) *Runner {
 	}
 	if cfg.IdleTick <= 0 {
 		cfg.IdleTick = 250 * time.Millisecond
+	}
+	if cfg.SnapshotInterval <= 0 {
+		cfg.SnapshotInterval = 50 * time.Millisecond
 	}
 	if cfg.Clock == nil {
 		panic("runner: Config.Clock is required")
@@ -91,6 +114,8 @@ func New(e *engine.Engine, cfg Config) *Runner {
 		status:    feed.Status{Paused: cfg.StartPaused, Target: cfg.StepsPerSec, Controllable: true},
 		prepWait:  make(map[string]chan prepResult),
 		tokenWait: make(map[string]*tokenSink),
+		backedUp:  make(map[string]*tokenSink),
+		snapWake:  make(chan struct{}, 1),
 	}
 }
 
@@ -101,6 +126,7 @@ func New(e *engine.Engine, cfg Config) *Runner {
 // While paused, only calls, controls and requested single steps run.
 func (r *Runner) Run(ctx context.Context) error {
 	defer close(r.done)
+	go r.snapshots(ctx)
 	r.rateStart = r.cfg.Clock()
 	var interval time.Duration
 	if r.cfg.StepsPerSec > 0 {
@@ -183,9 +209,16 @@ func (r *Runner) paused() bool {
 	return r.status.Paused
 }
 
+// measure counts a step into the rate, measured over windows of at least a second. While
+// paused the rate is 0 and the window starts over: steps asked for one by one are not a
+// rate, and a burst of them must not show as one.
 func (r *Runner) measure() {
-	r.rateSteps++
 	now := r.cfg.Clock()
+	if r.paused() {
+		r.rateSteps, r.rateStart = 0, now
+		return
+	}
+	r.rateSteps++
 	if d := now.Sub(r.rateStart); d >= time.Second {
 		rate := float64(r.rateSteps) / d.Seconds()
 		r.rateSteps = 0
@@ -214,9 +247,10 @@ func (r *Runner) setStatus(f func(*feed.Status)) {
 func (r *Runner) control(c feed.Control) {
 	switch c.Op {
 	case feed.ControlPause:
-		r.setStatus(func(s *feed.Status) { s.Paused = true })
+		r.setStatus(func(s *feed.Status) { s.Paused, s.Rate = true, 0 })
 	case feed.ControlResume:
 		r.stepBudget = 0
+		r.rateSteps, r.rateStart = 0, r.cfg.Clock()
 		r.setStatus(func(s *feed.Status) { s.Paused = false })
 	case feed.ControlStep:
 		r.stepBudget += c.N
@@ -285,10 +319,14 @@ type prepResult struct {
 
 // PrepRecv queues a prepare-receive request and waits until the engine admits it. If ctx ends
 // first (the client went away), the request is aborted as MLC aborts it: a waiting one leaves
-// the queue, a prepared one leaks its KV (flagged).
+// the queue, a prepared one leaks its KV (flagged). With Config.MaxWaiting calls already
+// waiting, it refuses the request with ErrBusy and changes nothing.
 func (r *Runner) PrepRecv(ctx context.Context, pr engine.PrepRecv) (Answer, error) {
 	ch := make(chan prepResult, 1)
 	err := r.Do(ctx, func(e *engine.Engine, now time.Time) error {
+		if n := r.cfg.MaxWaiting; n > 0 && len(r.prepWait) >= n {
+			return fmt.Errorf("prep_recv %s: %d requests are waiting for admission: %w", pr.ID, len(r.prepWait), ErrBusy)
+		}
 		if err := e.PrepRecv(now, pr); err != nil {
 			return err
 		}
@@ -317,9 +355,15 @@ func (r *Runner) PrepRecv(ctx context.Context, pr engine.PrepRecv) (Answer, erro
 // StartGenerate starts a prepared request and returns the channel its streamed tokens come
 // on; the last one is Final. The runner never waits for the reader: tokens that do not fit
 // the channel's buffer wait in a queue of the request's own and follow at the next step.
+//
+// ctx is the reader's: once it ends the runner stops queueing tokens for it and forgets
+// them, whatever the request does next (the caller aborts it). The call itself is made even
+// if ctx ends while it waits for the engine, and a request started for a reader already gone
+// is aborted at once, as a running request whose client goes away is: a start_generate
+// abandoned in the queue must not leave its request prepared, holding its pages.
 func (r *Runner) StartGenerate(ctx context.Context, id string, begin int) (<-chan engine.Token, error) {
 	var ch chan engine.Token
-	err := r.Do(ctx, func(e *engine.Engine, now time.Time) error {
+	err := r.Do(context.WithoutCancel(ctx), func(e *engine.Engine, now time.Time) error {
 		rv, ok := e.Request(id)
 		if !ok {
 			return fmt.Errorf("start_generate %s: %w", id, engine.ErrUnknownRequest)
@@ -327,14 +371,57 @@ func (r *Runner) StartGenerate(ctx context.Context, id string, begin int) (<-cha
 		if err := e.StartGenerate(now, id, begin); err != nil {
 			return err
 		}
-		ch = make(chan engine.Token, min(rv.MaxTokens+2, maxTokenBuffer))
-		r.tokenWait[id] = &tokenSink{ch: ch}
+		if err := ctx.Err(); err != nil {
+			if aerr := e.Abort(now, id); aerr != nil {
+				return fmt.Errorf("start_generate %s: its client went away; aborting it: %w", id, aerr)
+			}
+			return fmt.Errorf("start_generate %s: the client went away before the call ran: %w", id, err)
+		}
+		// Room for every token up to the buffer's bound (max_tokens can be large: no
+		// arithmetic on it that could overflow).
+		ch = make(chan engine.Token, min(rv.MaxTokens, maxTokenBuffer-2)+2)
+		sink := &tokenSink{ch: ch}
+		r.tokenWait[id] = sink
+		sink.stop = context.AfterFunc(ctx, func() { r.dropSink(id, sink) })
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	return ch, nil
+}
+
+// dropSink forgets a completion's sink and its queued tokens once its reader has gone.
+func (r *Runner) dropSink(id string, sink *tokenSink) {
+	_ = r.Do(context.Background(), func(*engine.Engine, time.Time) error {
+		if r.tokenWait[id] == sink { // not a later request reusing the id
+			delete(r.tokenWait, id)
+			delete(r.backedUp, id)
+		}
+		sink.queue = nil
+		return nil
+	})
+}
+
+// Waiters counts what the runner holds for callers: prep_recv calls waiting for admission,
+// completions being streamed, and the tokens queued for readers that have not taken them.
+type Waiters struct {
+	PrepRecv     int `json:"prep_recv"`
+	Streams      int `json:"streams"`
+	QueuedTokens int `json:"queued_tokens"`
+}
+
+// Waiters returns what the runner holds for callers now, asked on the engine's goroutine.
+func (r *Runner) Waiters(ctx context.Context) (Waiters, error) {
+	var w Waiters
+	err := r.Do(ctx, func(*engine.Engine, time.Time) error {
+		w = Waiters{PrepRecv: len(r.prepWait), Streams: len(r.tokenWait)}
+		for _, sink := range r.tokenWait {
+			w.QueuedTokens += len(sink.queue)
+		}
+		return nil
+	})
+	return w, err
 }
 
 // publish hands events to subscribers and answers waiting calls. It runs on the Run
@@ -358,16 +445,24 @@ func (r *Runner) publish(evs []engine.Event, toks []engine.Token) {
 	for _, t := range toks {
 		if sink, ok := r.tokenWait[t.ID]; ok {
 			sink.queue = append(sink.queue, t)
+			r.backedUp[t.ID] = sink
 		}
 	}
-	for id, sink := range r.tokenWait {
+	// Only the sinks with tokens to hand over: a completion whose reader is slow costs the
+	// step nothing until it has room again.
+	for id, sink := range r.backedUp {
 		if sink.flush() {
 			delete(r.tokenWait, id)
+			sink.stop()
+		}
+		if len(sink.queue) == 0 {
+			delete(r.backedUp, id)
 		}
 	}
 	if len(evs) == 0 {
 		return
 	}
+	r.version++
 	r.mu.Lock()
 	subs := make([]*Subscription, 0, len(r.subs))
 	for s := range r.subs {
@@ -384,6 +479,7 @@ func (r *Runner) shutdown() {
 		ch <- prepResult{err: fmt.Errorf("prep_recv %s: %w", id, ErrStopped)}
 	}
 	for _, sink := range r.tokenWait {
+		sink.stop()
 		close(sink.ch)
 	}
 	r.mu.Lock()
@@ -407,6 +503,7 @@ const maxTokenBuffer = 1024
 type tokenSink struct {
 	ch    chan engine.Token
 	queue []engine.Token
+	stop  func() bool // stops watching the reader's context
 }
 
 // flush moves queued tokens into the channel without waiting, and closes it after the final

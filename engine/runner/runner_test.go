@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -365,5 +367,257 @@ func TestLongCompletionOverflowsIntoItsQueue(t *testing.T) {
 		}
 		cancel()
 		<-r.Done()
+	})
+}
+
+// start runs a runner for e until the test ends, and returns it and its context.
+func start(t *testing.T, e *engine.Engine, cfg Config) (*Runner, context.Context) {
+	t.Helper()
+	r := New(e, cfg)
+	ctx, cancel := context.WithCancel(t.Context())
+	go r.Run(ctx)
+	t.Cleanup(func() { cancel(); <-r.Done() })
+	return r, ctx
+}
+
+// waiters returns what the runner holds for callers.
+func waiters(t *testing.T, r *Runner) Waiters {
+	t.Helper()
+	w, err := r.Waiters(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// prepared admits a request with its KV in, ready for start_generate.
+func prepared(ctx context.Context, t *testing.T, r *Runner, id string, maxTokens int) {
+	t.Helper()
+	ans, err := r.PrepRecv(ctx, engine.PrepRecv{ID: id, Prompt: prompt(40, 1), End: -1, HasEnd: true, MaxTokens: maxTokens})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots, err := decodeRuns(ans.KVAppendMetadata)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Do(ctx, func(e *engine.Engine, now time.Time) error { _, err := e.ReceiveKV(now, slots, nil); return err }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A completion whose reader goes away without reading leaves nothing behind in the runner:
+// no sink, no queued token, whatever the request goes on to generate.
+func TestAbandonedCompletionLeavesNoSink(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, ctx := start(t, newEngine(t), Config{Clock: time.Now})
+		prepared(ctx, t, r, "A", 5000)
+		rctx, leave := context.WithCancel(ctx)
+		if _, err := r.StartGenerate(rctx, "A", -1); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Second) // the channel fills, the rest queues
+		synctest.Wait()
+		if w := waiters(t, r); w.Streams != 1 || w.QueuedTokens == 0 {
+			t.Fatalf("with a reader that does not read: %+v, want 1 stream with tokens queued", w)
+		}
+		leave()
+		synctest.Wait()
+		if w := waiters(t, r); w != (Waiters{}) {
+			t.Errorf("after the reader left: %+v, want nothing held", w)
+		}
+		time.Sleep(10 * time.Second) // the request keeps generating: nothing is queued for it
+		synctest.Wait()
+		if w := waiters(t, r); w != (Waiters{}) {
+			t.Errorf("10s after the reader left: %+v, want nothing held", w)
+		}
+	})
+}
+
+// A start_generate whose client goes away while the call waits for the engine still ends
+// the request (started, then aborted as a running request is), instead of leaving it
+// prepared with its pages until the age hazard notices.
+func TestStartGenerateAbandonedInTheQueueEndsItsRequest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, ctx := start(t, newEngine(t), Config{Clock: time.Now})
+		prepared(ctx, t, r, "A", 16)
+		gone, leave := context.WithCancel(ctx)
+		leave() // gone before the call reaches the engine
+		if _, err := r.StartGenerate(gone, "A", -1); !errors.Is(err, context.Canceled) {
+			t.Errorf("StartGenerate for a client already gone = %v, want context.Canceled", err)
+		}
+		var rv engine.RequestView
+		_ = r.Do(ctx, func(e *engine.Engine, _ time.Time) error { rv, _ = e.Request("A"); return nil })
+		if rv.State != engine.StateAborted || rv.Leaked {
+			t.Errorf("A after its start_generate was abandoned: %s (leaked %v), want aborted, not leaked", rv.State, rv.Leaked)
+		}
+		if w := waiters(t, r); w != (Waiters{}) {
+			t.Errorf("after the abandoned start_generate: %+v, want nothing held", w)
+		}
+	})
+}
+
+// A max_tokens too large for any buffer makes a bounded one, not a panic.
+func TestHugeMaxTokensGetsABoundedBuffer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, ctx := start(t, newEngine(t), Config{Clock: time.Now})
+		prepared(ctx, t, r, "A", math.MaxInt)
+		toks, err := r.StartGenerate(ctx, "A", -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cap(toks) != maxTokenBuffer {
+			t.Errorf("token buffer for max_tokens MaxInt = %d, want %d", cap(toks), maxTokenBuffer)
+		}
+	})
+}
+
+// Beyond MaxWaiting calls waiting for admission, prep_recv is refused with ErrBusy and the
+// engine does not see the request; once one leaves, there is room again.
+func TestPrepRecvBeyondMaxWaitingIsBusy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := engine.DefaultConfig()
+		cfg.MaxTotalSequenceLength = 4096 // the watermark admits nothing: every call waits
+		e, err := engine.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, ctx := start(t, e, Config{StepsPerSec: 50, Clock: time.Now, MaxWaiting: 3})
+		leave := make([]context.CancelFunc, 3)
+		for i := range leave {
+			cctx, c := context.WithCancel(ctx)
+			leave[i] = c
+			go r.PrepRecv(cctx, engine.PrepRecv{ID: fmt.Sprint("w", i), Prompt: prompt(40, int32(i)), End: -1, HasEnd: true})
+		}
+		synctest.Wait()
+		if w := waiters(t, r); w.PrepRecv != 3 {
+			t.Fatalf("%d prep_recv waiting, want 3", w.PrepRecv)
+		}
+		_, err = r.PrepRecv(ctx, engine.PrepRecv{ID: "x", Prompt: prompt(40, 9), End: -1, HasEnd: true})
+		if !errors.Is(err, ErrBusy) {
+			t.Fatalf("a fourth prep_recv = %v, want ErrBusy", err)
+		}
+		var known bool
+		_ = r.Do(ctx, func(e *engine.Engine, _ time.Time) error { _, known = e.Request("x"); return nil })
+		if known {
+			t.Errorf("the refused request is in the engine")
+		}
+		leave[0]()
+		synctest.Wait()
+		go r.PrepRecv(ctx, engine.PrepRecv{ID: "y", Prompt: prompt(40, 8), End: -1, HasEnd: true})
+		synctest.Wait()
+		if w := waiters(t, r); w.PrepRecv != 3 {
+			t.Errorf("after one left and another came: %d waiting, want 3", w.PrepRecv)
+		}
+	})
+}
+
+// The measured rate is 0 while paused, even while single steps run, and measures the pace
+// again once resumed.
+func TestRateIsZeroWhilePaused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, _ := start(t, newEngine(t), Config{StepsPerSec: 100, Clock: time.Now, IdleTick: 10 * time.Millisecond})
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		if rate := r.Status().Rate; rate < 90 || rate > 110 {
+			t.Fatalf("rate at 100 steps/s = %v", rate)
+		}
+		r.Control(feed.Control{Op: feed.ControlPause})
+		synctest.Wait()
+		if rate := r.Status().Rate; rate != 0 {
+			t.Errorf("rate just after pausing = %v, want 0", rate)
+		}
+		r.Control(feed.Control{Op: feed.ControlStep, N: 100000})
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		if rate := r.Status().Rate; rate != 0 {
+			t.Errorf("rate while paused, after a burst of single steps = %v, want 0", rate)
+		}
+		r.Control(feed.Control{Op: feed.ControlResume})
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		if rate := r.Status().Rate; rate < 90 || rate > 110 {
+			t.Errorf("rate 3s after resuming at 100 steps/s = %v", rate)
+		}
+	})
+}
+
+// However many subscriptions want a snapshot at once, the engine builds one and they share
+// it; while the engine does not change, it builds none at all.
+func TestSubscribersShareOneSnapshot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, _ := start(t, newEngine(t), Config{Clock: time.Now, StartPaused: true})
+		r.Subscribe().Close() // the first snapshot of a fresh engine flushes its prefix tree
+		subs := make([]*Subscription, 100)
+		done := make(chan struct{})
+		for i := range subs {
+			go func() { subs[i] = r.Subscribe(); done <- struct{}{} }()
+		}
+		for range subs {
+			<-done
+		}
+		first := subs[0].Take().Snapshot
+		for i, s := range subs[1:] {
+			if got := s.Take().Snapshot; got != first {
+				t.Fatalf("subscription %d got snapshot %p, the first %p: want one shared", i+1, got, first)
+			}
+		}
+		// Paused, nothing changes: resyncs are answered with the same snapshot.
+		for range 5 {
+			subs[7].Resync()
+			if got := subs[7].Take().Snapshot; got != first {
+				t.Fatalf("a resync of an unchanged engine built a new snapshot")
+			}
+			time.Sleep(time.Second)
+		}
+	})
+}
+
+// Twenty subscriptions that resync as fast as they can cost the engine at most one
+// snapshot a SnapshotInterval, and the engine keeps its pace.
+func TestResyncFloodBuildsOneSnapshotAnInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, ctx := start(t, newEngine(t), Config{Clock: time.Now, StepsPerSec: 100, IdleTick: 10 * time.Millisecond, SnapshotInterval: 50 * time.Millisecond})
+		stop := make(chan struct{})
+		var mu sync.Mutex
+		seen := map[*engine.Snapshot]bool{}
+		var wg sync.WaitGroup
+		subs := make([]*Subscription, 20)
+		for i := range subs {
+			wg.Add(1)
+			go func() { defer wg.Done(); subs[i] = r.Subscribe() }()
+		}
+		wg.Wait()
+		for _, s := range subs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					s.Resync()
+					if snap := s.Take().Snapshot; snap != nil {
+						mu.Lock()
+						seen[snap] = true
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+		var before, after uint64
+		_ = r.Do(ctx, func(e *engine.Engine, _ time.Time) error { before = e.StepNumber(); return nil })
+		time.Sleep(2 * time.Second)
+		_ = r.Do(ctx, func(e *engine.Engine, _ time.Time) error { after = e.StepNumber(); return nil })
+		close(stop)
+		wg.Wait()
+		if n := len(seen); n > 2*1000/50+2 {
+			t.Errorf("20 subscriptions resyncing for 2s got %d distinct snapshots, want at most one a 50ms interval (%d)", n, 2*1000/50+2)
+		}
+		if steps := after - before; steps < 190 {
+			t.Errorf("the engine took %d steps in 2s at 100 a second under the flood, want about 200", steps)
+		}
 	})
 }

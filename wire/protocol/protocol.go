@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 
 	"github.com/kvtop/kvtop/engine"
@@ -22,9 +23,12 @@ import (
 //	2: blocked reasons travel by name ("watermark", not 5); the arena geometry's fields are
 //	   snake_case; snapshots carry last_match; timeline marks are formatted when sent.
 //	3: snapshots carry derived: the counts the dashboard and /metrics show, with the page
-//	   states prepared, awaiting-kv and partly-received; the event kinds are those of the
-//	   engine's registry.
-const Version = 3
+//	   states prepared, awaiting-kv and partly-received; prefix_changed carries the recycling
+//	   sequences in eviction order and the counterfactual's counters; seq_evicted names the
+//	   request and the recycle stamps; the config has evict_order and counterfactual.
+//	4: the stale-kv-write hazard (totals count six hazard kinds); hazards carry offset,
+//	   tokens and holder.
+const Version = 4
 
 // The frame types. The server sends hello first, then snapshot, then any of the others;
 // a client sends only the control types.
@@ -322,4 +326,40 @@ func (e *Encoder) frame(buf *bytes.Buffer, seq uint64, evs []engine.Event) error
 	}
 	buf.WriteString("]}")
 	return nil
+}
+
+// SharedSnapshot is a snapshot encoded once for every connection that sends it: a server
+// with many clients encodes each snapshot once, and each connection wraps the same bytes
+// in a frame with its own seq.
+type SharedSnapshot struct {
+	body []byte
+}
+
+// EncodeSnapshot encodes s for sharing.
+func EncodeSnapshot(s *engine.Snapshot) (*SharedSnapshot, error) {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return nil, fmt.Errorf("protocol: encode snapshot: %w", err)
+	}
+	return &SharedSnapshot{body: b}, nil
+}
+
+// Len returns the size of the encoded snapshot.
+func (s *SharedSnapshot) Len() int { return len(s.body) }
+
+// WriteFrame writes the snapshot frame with seq to w: byte for byte what Encode writes for
+// &Frame{Type: FrameSnapshot, Seq: seq, Snapshot: s}.
+func (s *SharedSnapshot) WriteFrame(w io.Writer, seq uint64) error {
+	head := `{"type":"snapshot","snapshot":`
+	if seq > 0 {
+		head = `{"type":"snapshot","seq":` + strconv.FormatUint(seq, 10) + `,"snapshot":`
+	}
+	if _, err := io.WriteString(w, head); err != nil {
+		return err
+	}
+	if _, err := w.Write(s.body); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w, "}")
+	return err
 }

@@ -215,3 +215,24 @@ func mustJSON(t *testing.T, v any) []byte {
 	}
 	return b
 }
+
+// A shared snapshot writes the same bytes, for any seq, as the frame encoded on its own.
+func TestSharedSnapshotIsTheFrame(t *testing.T) {
+	snap := goldenEngine(t).Snapshot()
+	shared, err := protocol.EncodeSnapshot(&snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, seq := range []uint64{0, 1, 7, 1 << 40} {
+		var want, got bytes.Buffer
+		if err := protocol.EncodeFrame(&want, &protocol.Frame{Type: protocol.FrameSnapshot, Seq: seq, Snapshot: &snap}); err != nil {
+			t.Fatal(err)
+		}
+		if err := shared.WriteFrame(&got, seq); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Bytes(), want.Bytes()) {
+			t.Errorf("WriteFrame(seq %d) differs from EncodeFrame:\n got %.200s\nwant %.200s", seq, got.Bytes(), want.Bytes())
+		}
+	}
+}
