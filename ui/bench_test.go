@@ -64,54 +64,32 @@ func BenchmarkFrame(b *testing.B) {
 	if n := m.live.view.Cache().NumPages(); n != 65536 {
 		b.Fatalf("%d pages", n)
 	}
-	// What changed: events that touch the pages (the worst case: the page states are walked
-	// again), or only step summaries (an idle engine's).
-	changed := func(pages bool) { changeBig(b, m, pages) }
-	b.Run("data-changed", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			changed(true)
-			m.refresh()
-			_ = m.View()
-		}
-	})
-	b.Run("steps-only", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			changed(false)
-			m.refresh()
-			_ = m.View()
-		}
-	})
-	b.Run("cursor-moved", func(b *testing.B) {
-		b.ReportAllocs()
-		k := []string{"j", "k"}
-		i := 0
-		for b.Loop() {
-			m.Update(keyMsg(k[i%2]))
-			i++
-			_ = m.View()
-		}
-	})
-	b.Run("unchanged", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			m.Update(linkTickMsg{})
-			_ = m.View()
-		}
-	})
+	frames(b, m, "", "j", "k", true)
 	m.Update(keyMsg("2"))
-	b.Run("page-map-data-changed", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			changed(true)
-			m.refresh()
-			_ = m.View()
+	frames(b, m, "page-map-", "l", "h", false)
+}
+
+// frames runs the frame benchmarks on m, named after prefix: a step that moved pages (the
+// worst case: the page states are walked again), with all ("data-changed", "steps-only",
+// "cursor-moved" by the keys back and forth, "unchanged"), or that one and the cursor.
+func frames(b *testing.B, m *Model, prefix, fwd, back string, all bool) {
+	redraw := func(pages bool) func(b *testing.B) {
+		return func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				changeBig(b, m, pages)
+				m.refresh()
+				_ = m.View()
+			}
 		}
-	})
-	b.Run("page-map-cursor-moved", func(b *testing.B) {
+	}
+	b.Run(prefix+"data-changed", redraw(true))
+	if all {
+		b.Run(prefix+"steps-only", redraw(false))
+	}
+	b.Run(prefix+"cursor-moved", func(b *testing.B) {
 		b.ReportAllocs()
-		k := []string{"l", "h"}
+		k := []string{fwd, back}
 		i := 0
 		for b.Loop() {
 			m.Update(keyMsg(k[i%2]))
@@ -119,6 +97,15 @@ func BenchmarkFrame(b *testing.B) {
 			_ = m.View()
 		}
 	})
+	if all {
+		b.Run(prefix+"unchanged", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				m.Update(linkTickMsg{})
+				_ = m.View()
+			}
+		})
+	}
 }
 
 // changeBig makes the big instance's data change as a step does: an event that changes
@@ -170,39 +157,7 @@ func BenchmarkOverview(b *testing.B) {
 	}
 	fillSeries(m, 10_000)
 	m.Update(linkTickMsg{})
-	b.Run("data-changed", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			changeBig(b, m, true)
-			m.refresh()
-			_ = m.View()
-		}
-	})
-	b.Run("steps-only", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			changeBig(b, m, false)
-			m.refresh()
-			_ = m.View()
-		}
-	})
-	b.Run("cursor-moved", func(b *testing.B) {
-		b.ReportAllocs()
-		k := []string{"j", "k"}
-		i := 0
-		for b.Loop() {
-			m.Update(keyMsg(k[i%2]))
-			i++
-			_ = m.View()
-		}
-	})
-	b.Run("unchanged", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			m.Update(linkTickMsg{})
-			_ = m.View()
-		}
-	})
+	frames(b, m, "", "j", "k", true)
 	// The charts alone, drawn again for a new sample: their share of a data frame.
 	b.Run("charts-only", func(b *testing.B) {
 		b.ReportAllocs()

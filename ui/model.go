@@ -79,6 +79,7 @@ type Model struct {
 	series *series
 	rw     *rewound
 	rec    *recording // R: a recording under way
+	epoch  uint64     // of the history: the source's connection it came over (feed.Update.Epoch)
 
 	status     feed.Status
 	haveStatus bool
@@ -301,11 +302,14 @@ func (m *Model) fold(u feed.Update) tea.Cmd {
 			w.view, m.diverged = v, nil
 			m.clock++
 			w.prefixVer, w.pageVer, w.viewPages = m.clock, m.clock, v.PagesVersion()
-			if _, last, ok := m.hist.Steps(); ok && u.Snapshot.Stamp.Step < last {
-				// Steps went back: another engine. Its past is not this one's.
+			if _, last, ok := m.hist.Steps(); ok && (u.Epoch != m.epoch || u.Snapshot.Stamp.Step < last) {
+				// A new connection (perhaps to a restarted server), or steps that went
+				// back: perhaps another run of the engine, whose past is not this one's.
 				m.hist.Reset()
+				m.series.reset()
 				m.rw = nil
 			}
+			m.epoch = u.Epoch
 			m.hist.AddSnapshot(u.Snapshot)
 		}
 		changed = true

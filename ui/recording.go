@@ -36,13 +36,14 @@ type recording struct {
 // recordChunk is how many events of the history go in one update written.
 const recordChunk = 4096
 
-// startRecording starts writing the history h holds to w, and what is pushed after.
-func startRecording(w Recorder, name string, h *feed.History) *recording {
+// startRecording starts writing the history h holds, of the source's connection epoch, to
+// w, and what is pushed after.
+func startRecording(w Recorder, name string, h *feed.History, epoch uint64) *recording {
 	r := &recording{name: name, w: w, wake: make(chan struct{}, 1), done: make(chan error, 1)}
 	var evs []engine.Event
 	flush := func() {
 		if len(evs) > 0 {
-			r.queue = append(r.queue, feed.Update{Events: evs})
+			r.queue = append(r.queue, feed.Update{Events: evs, Epoch: epoch})
 			evs = nil
 		}
 	}
@@ -50,7 +51,7 @@ func startRecording(w Recorder, name string, h *feed.History) *recording {
 		e := h.At(i)
 		if e.Snapshot != nil {
 			flush()
-			r.queue = append(r.queue, feed.Update{Snapshot: e.Snapshot})
+			r.queue = append(r.queue, feed.Update{Snapshot: e.Snapshot, Epoch: epoch})
 			continue
 		}
 		evs = append(evs, e.Event)
@@ -133,7 +134,7 @@ func (m *Model) toggleRecording() tea.Cmd {
 		m.setMessage("cannot record: "+err.Error(), true)
 		return nil
 	}
-	m.rec = startRecording(w, name, m.hist)
+	m.rec = startRecording(w, name, m.hist, m.epoch)
 	m.setMessage(fmt.Sprintf("recording to %s: %s held, then what comes (R stops)", name, m.historyText()), false)
 	return nil
 }

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"reflect"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kvtop/kvtop/feed"
@@ -14,21 +14,12 @@ import (
 
 // buffer is a file for a recorder.
 type buffer struct {
-	mu     sync.Mutex
-	b      bytes.Buffer
-	closed bool
-}
-
-func (b *buffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
+	syncBuffer
+	closed atomic.Bool
 }
 
 func (b *buffer) Close() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.closed = true
+	b.closed.Store(true)
 	return nil
 }
 
@@ -62,10 +53,8 @@ func TestRecordKeyWritesTheHistoryAndWhatFollows(t *testing.T) {
 	if !strings.Contains(m.message, "recorded test.jsonl") {
 		t.Errorf("after the recording closed: message %q", m.message)
 	}
-	file.mu.Lock()
-	closed, data := file.closed, file.b.Bytes()
-	file.mu.Unlock()
-	if !closed {
+	data := []byte(file.String())
+	if !file.closed.Load() {
 		t.Error("the recording's file was not closed")
 	}
 	rec, err := record.Load(bytes.NewReader(data))
@@ -98,8 +87,8 @@ func TestRecordingEnds(t *testing.T) {
 	if err := m.finishRecording(); err != nil {
 		t.Fatal(err)
 	}
-	if !file.closed || !bytes.Contains(file.b.Bytes(), []byte(`"snapshot"`)) {
-		t.Errorf("at the end: closed %v, %d bytes; want the history written and the file closed", file.closed, file.b.Len())
+	if data := file.String(); !file.closed.Load() || !strings.Contains(data, `"snapshot"`) {
+		t.Errorf("at the end: closed %v, %d bytes; want the history written and the file closed", file.closed.Load(), len(data))
 	}
 	n, _ := feedModel(t, watermark(t), Options{}, 100, 30)
 	press(n, "R")

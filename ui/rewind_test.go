@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/feed"
+	"github.com/kvtop/kvtop/record"
 )
 
 // probed is the dashboard in a program, and a way to look at it from the test while the
@@ -242,5 +243,38 @@ func TestRewindWithinTheHistory(t *testing.T) {
 	m.Update(updateMsg{feed.Update{Snapshot: &again}})
 	if m.rw != nil || m.hist.Len() != 1 {
 		t.Errorf("a snapshot from an earlier step: rewound %v, %d entries held; want live, the new snapshot alone", m.rw, m.hist.Len())
+	}
+}
+
+// A new connection starts a new history: the steps it brings may be another run's, even
+// when they do not go back. R records the epoch it holds as that epoch.
+func TestRewindAcrossConnections(t *testing.T) {
+	s := longRun(t)
+	var file buffer
+	m, _ := feedModel(t, nil, Options{Record: func() (Recorder, string, error) {
+		return record.NewRecorder(&file), "epochs.jsonl", nil
+	}}, 120, 40)
+	snap := s.snap
+	m.Update(updateMsg{feed.Update{Snapshot: &snap, Events: s.events[:s.states[100].end]}})
+	press(m, "{")
+	if m.rw == nil {
+		t.Fatal("{ did not rewind")
+	}
+	at100 := s.states[100].snap
+	m.Update(updateMsg{feed.Update{Snapshot: &at100, Events: s.events[s.states[100].end:s.states[150].end], Epoch: 1}})
+	first, last, _ := m.hist.Steps()
+	if m.rw != nil || first != 100 || last != 150 || m.series.len() != 50 {
+		t.Errorf("after a reconnection at step 100: rewound %v, history %d–%d, %d samples; want live, 100–150, 50", m.rw != nil, first, last, m.series.len())
+	}
+	press(m, "R")
+	if err := m.finishRecording(); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := record.Load(strings.NewReader(file.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if es := rec.Epochs(); len(es) != 1 || es[0].First != 100 || es[0].Last != 150 {
+		t.Errorf("the recording's epochs: %+v, want one, steps 100–150", es)
 	}
 }
