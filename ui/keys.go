@@ -11,22 +11,24 @@ type KeyMap struct {
 	NextPanel key.Binding
 	PrevPanel key.Binding
 	Panel     [numPanels]key.Binding // 1…7
-	Up        key.Binding
-	Down      key.Binding
-	Left      key.Binding
-	Right     key.Binding
-	PageUp    key.Binding
-	PageDown  key.Binding
-	Home      key.Binding
-	End       key.Binding
-	Enter     key.Binding
-	Back      key.Binding
-	Filter    key.Binding
-	Sort      key.Binding
-	Reverse   key.Binding
-	Pause     key.Binding
-	Step      key.Binding
-	Resync    key.Binding
+	// Panels stands for the number keys in the help.
+	Panels   key.Binding
+	Up       key.Binding
+	Down     key.Binding
+	Left     key.Binding
+	Right    key.Binding
+	PageUp   key.Binding
+	PageDown key.Binding
+	Home     key.Binding
+	End      key.Binding
+	Enter    key.Binding
+	Back     key.Binding
+	Filter   key.Binding
+	Sort     key.Binding
+	Reverse  key.Binding
+	Pause    key.Binding
+	Step     key.Binding
+	Resync   key.Binding
 	// Zoom shows the overview's focused panel full screen, and the overview again.
 	Zoom key.Binding
 	// StepBack, StepForward, JumpBack and JumpForward rewind the view a step or a hundred;
@@ -76,14 +78,15 @@ func DefaultKeyMap() KeyMap {
 		Pause:     key.NewBinding(key.WithKeys("p"), key.WithHelp("p", "pause: freeze the view")),
 		Step:      key.NewBinding(key.WithKeys("space", "n"), key.WithHelp("space/n", "single step")),
 		Resync:    key.NewBinding(key.WithKeys("r"), key.WithHelp("r", "resync: new snapshot")),
-		Zoom:      key.NewBinding(key.WithKeys("z"), key.WithHelp("z", "zoom the panel / overview")),
+		Zoom:      key.NewBinding(key.WithKeys("z"), key.WithHelp("z", "zoom / overview")),
+		Panels:    key.NewBinding(key.WithKeys("1", "2", "3", "4", "5", "6", "7"), key.WithHelp("1…7", "a panel, as numbered")),
 
 		StepBack:    key.NewBinding(key.WithKeys("["), key.WithHelp("[", "rewind a step")),
 		StepForward: key.NewBinding(key.WithKeys("]"), key.WithHelp("]", "forward a step")),
 		JumpBack:    key.NewBinding(key.WithKeys("{"), key.WithHelp("{", "rewind 100 steps")),
 		JumpForward: key.NewBinding(key.WithKeys("}"), key.WithHelp("}", "forward 100 steps")),
 		Live:        key.NewBinding(key.WithKeys("L"), key.WithHelp("L", "back to live")),
-		Record:      key.NewBinding(key.WithKeys("R"), key.WithHelp("R", "record history + what comes")),
+		Record:      key.NewBinding(key.WithKeys("R"), key.WithHelp("R", "record (R again stops)")),
 		AllEvents:   key.NewBinding(key.WithKeys("a"), key.WithHelp("a", "events: all / folded")),
 		ByRequest:   key.NewBinding(key.WithKeys("i"), key.WithHelp("i", "events: by request")),
 		Faster:      key.NewBinding(key.WithKeys("+", "="), key.WithHelp("+", "replay faster")),
@@ -108,8 +111,9 @@ func (k KeyMap) ShortHelp() []key.Binding {
 // FullHelp is the help overlay, a column a group.
 func (k KeyMap) FullHelp() [][]key.Binding {
 	return [][]key.Binding{
-		{k.Help, k.Quit, k.NextPanel, k.PrevPanel, k.Zoom, k.Panel[0], k.Panel[1], k.Panel[2], k.Panel[3], k.Panel[4], k.Panel[5], k.Panel[6]},
-		{k.Up, k.Down, k.Left, k.Right, k.PageUp, k.PageDown, k.Home, k.End, k.Enter, k.Back},
+		{k.Help, k.Quit, k.NextPanel, k.PrevPanel, k.Zoom, k.Panels},
+		{k.Up, k.Down, k.Left, k.Right, k.PageUp},
+		{k.PageDown, k.Home, k.End, k.Enter, k.Back},
 		{k.Filter, k.Sort, k.Reverse, k.AllEvents, k.ByRequest, k.Pause, k.Step, k.Resync, k.Faster, k.Slower},
 		{k.StepBack, k.StepForward, k.JumpBack, k.JumpForward, k.Live, k.Seek, k.Record},
 	}

@@ -996,12 +996,18 @@ func (m *Model) helpView() string {
 	h := m.help
 	h.SetWidth(0)
 	h.FullSeparator = "   "
+	// As many groups side by side as the width takes, then the next row of them.
 	groups := m.keys.FullHelp()
-	keys := h.FullHelpView(groups)
-	if lipgloss.Width(keys) > m.width {
-		keys = h.FullHelpView(groups[:2]) + "\n\n" + h.FullHelpView(groups[2:])
+	var rows []string
+	for i := 0; i < len(groups); {
+		j := i + 1
+		for j < len(groups) && lipgloss.Width(h.FullHelpView(groups[i:j+1])) <= m.width {
+			j++
+		}
+		rows = append(rows, h.FullHelpView(groups[i:j]))
+		i = j
 	}
-	b.WriteString(keys)
+	b.WriteString(strings.Join(rows, "\n\n"))
 	b.WriteString("\n\n")
 	b.WriteString(m.st.Heading.Render("Page map"))
 	b.WriteString(" (enter on a page opens its owner)\n")
@@ -1015,6 +1021,7 @@ func (m *Model) helpView() string {
 	b.WriteString("\na cell of several pages shows its most alarming state from awaiting KV on, else its most common\n\n")
 	b.WriteString(m.st.Heading.Render("Request rows"))
 	b.WriteString("  ! stuck (blocked, prepared past the age limit, or leaked)  * hazards\n")
+	b.WriteString("Charts: " + areaGlyph + " the area, " + lineGlyph + " the line through it, the watermark dashed; the scrubber: ─ held for rewind, ┄ no longer, ◆ the step drawn\n")
 	b.WriteString("Prefix tree: enter folds a node · Events: G follows the newest · esc or ? closes this help")
 	lines := strings.Split(b.String(), "\n")
 	for i, l := range lines {
