@@ -565,6 +565,18 @@ func (t *tree) fork(e, parent *entry, off int) {
 // extend appends toks to e (MLC's ExtendSequence). toks is the cache's own copy; nodes may
 // keep slices of it. An empty extension moves e to the front of its page.
 func (t *tree) extend(e *entry, toks []int32) {
+	if n := e.node; len(n.seqs) == 1 && len(n.kids) == 0 && n != t.root {
+		// e alone at a leaf, the decode case. MLC's steps come to this: e leaves its page,
+		// which is then a leaf page with no sequence; no child continues toks, so that page
+		// fills up in place and new pages follow in its chain; e goes onto the last of them;
+		// the page it left is not mergeable (it holds e again, or it is full and has a
+		// child), and neither is anything else touched.
+		n.toks = append(n.toks, toks...)
+		n.depth += len(toks)
+		t.setEnds(n, t.appendPages(n.ends, len(n.toks)-len(toks), len(n.toks)))
+		t.touch(n)
+		return
+	}
 	orig := t.pop(e)
 	// orig keeps its node and index through what follows: everything that changes happens
 	// below it, and nothing above it merges with it.
