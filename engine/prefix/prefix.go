@@ -206,8 +206,12 @@ type Cache struct {
 
 	t    tree
 	seqs map[int64]*entry
+	// last is the entry lookup found last, or nil: the engine asks HasSequence before it
+	// extends, recycles or removes a sequence, so the second lookup of the id is free.
+	last *entry
 
 	pending []extension
+	toks    []int32 // the pending extensions' tokens, end to end
 	rec     recycling
 
 	stats Stats
@@ -215,10 +219,15 @@ type Cache struct {
 	evicted []Eviction // OnEvict calls owed at the end of the current call
 }
 
+// extension is a pending ExtendSequence: the sequence's tokens toks[from:to].
 type extension struct {
-	id     int64
-	tokens []int32
+	e        *entry
+	from, to int
 }
+
+// maxPendingToks is the capacity of Cache.toks above which a commit lets it go, so that a
+// burst of long prompts does not pin its size.
+const maxPendingToks = 1 << 16
 
 // New returns an empty Cache. A Mode other than Radix gives a disabled cache.
 func New(cfg Config) *Cache {
@@ -349,12 +358,15 @@ func (c *Cache) newEntry(id int64, w Window) *entry {
 // of a sequence that is no longer held when it is committed is skipped. An empty one still
 // counts: as in MLC, committing it moves the sequence to the front of its page's list.
 func (c *Cache) ExtendSequence(id int64, tokens []int32) {
-	if !c.radix {
+	// A sequence not held now is not held at the commit either: every call that adds one
+	// commits first. So the extension is skipped now, and the commit need not look id up.
+	e := c.lookup(id)
+	if e == nil {
 		return
 	}
-	// append, not make and copy: the copy is not zeroed first. Its spare capacity, if the
-	// allocator rounds up, lets the node it may become grow in place.
-	c.pending = append(c.pending, extension{id, append([]int32(nil), tokens...)})
+	from := len(c.toks)
+	c.toks = append(c.toks, tokens...)
+	c.pending = append(c.pending, extension{e, from, len(c.toks)})
 }
 
 // CommitSequenceExtension applies the queued extensions in the order they were queued.
@@ -367,14 +379,17 @@ func (c *Cache) CommitSequenceExtension() {
 }
 
 func (c *Cache) commit() {
-	for i := range c.pending {
-		p := &c.pending[i]
-		if e := c.seqs[p.id]; e != nil {
-			c.t.extend(e, p.tokens)
+	for _, p := range c.pending {
+		if p.e.node != nil { // still held: a dropped sequence has left the tree
+			c.t.extend(p.e, c.toks[p.from:p.to])
 		}
 	}
 	clear(c.pending)
 	c.pending = c.pending[:0]
+	c.toks = c.toks[:0]
+	if cap(c.toks) > maxPendingToks {
+		c.toks = nil
+	}
 }
 
 // RecycleSequence commits pending extensions and marks the active sequence id recycling,
@@ -439,8 +454,8 @@ func (c *Cache) RollBackSequence(id int64, n int) error {
 	}
 	l := e.node.depth
 	for _, p := range c.pending {
-		if p.id == id {
-			l += len(p.tokens)
+		if p.e == e {
+			l += p.to - p.from
 		}
 	}
 	if n < 0 || n > l {
@@ -477,6 +492,9 @@ func (c *Cache) drop(e *entry) {
 	}
 	c.t.remove(e)
 	delete(c.seqs, e.id)
+	if c.last == e {
+		c.last = nil
+	}
 }
 
 // HasSequence reports whether the cache holds sequence id, active or recycling.
@@ -531,7 +549,14 @@ func (c *Cache) lookup(id int64) *entry {
 	if !c.radix {
 		return nil
 	}
-	return c.seqs[id]
+	if e := c.last; e != nil && e.id == id {
+		return e
+	}
+	e := c.seqs[id]
+	if e != nil {
+		c.last = e
+	}
+	return e
 }
 
 // done ends every public call that may have changed the cache: it checks the invariants when

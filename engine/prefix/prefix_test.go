@@ -654,6 +654,30 @@ func TestExtendIsLazy(t *testing.T) {
 }
 
 // TestTreeShape follows the pages through splits, roll-backs and merges.
+// An extension queued for a sequence that is then evicted (TryFreeMemory does not commit)
+// is skipped, even when the id is inserted again: InsertSequence commits before it adds id.
+func TestEvictedSequenceLosesItsExtension(t *testing.T) {
+	c := New(Config{MaxRecycling: -1})
+	start(t, c, 1, seqOf(100, 8), NoWindow)
+	mustRecycle(t, c, 1)
+	c.ExtendSequence(1, []int32{7, 8, 9})
+	if !c.TryFreeMemory() {
+		t.Fatal("TryFreeMemory() = false, want 1 evicted")
+	}
+	res, err := c.InsertSequence(1, seqOf(200, 4), NoWindow)
+	if err != nil || res.Kind != Fresh {
+		t.Fatalf("InsertSequence(1, …) = %s, %v, want new", brief(res), err)
+	}
+	c.CommitSequenceExtension()
+	if l, _, _ := c.Sequence(1); l != 0 {
+		t.Errorf("Sequence(1) = %d tokens, want 0: the old 1's extension is not the new 1's", l)
+	}
+	if m, _ := c.Match([]int32{7, 8, 9}); m != 0 {
+		t.Errorf("Match(7 8 9) = %d, want 0", m)
+	}
+	mustCheck(t, c)
+}
+
 func TestTreeShape(t *testing.T) {
 	c := New(Config{MaxRecycling: -1})
 	start(t, c, 1, []int32{1, 2, 3, 4, 5, 6}, NoWindow)

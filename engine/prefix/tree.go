@@ -62,7 +62,8 @@ type tree struct {
 }
 
 // entry is a cached sequence. The tree owns node; the Cache owns the rest. The sequence
-// ends at its node's last page: its length is the node's depth.
+// ends at its node's last page: its length is the node's depth. Once the sequence is
+// dropped, node is nil.
 type entry struct {
 	id     int64
 	node   *node
@@ -562,8 +563,8 @@ func (t *tree) fork(e, parent *entry, off int) {
 	t.normalize()
 }
 
-// extend appends toks to e (MLC's ExtendSequence). toks is the cache's own copy; nodes may
-// keep slices of it. An empty extension moves e to the front of its page.
+// extend appends toks to e (MLC's ExtendSequence). It only reads toks: a node that takes
+// tokens takes a copy. An empty extension moves e to the front of its page.
 func (t *tree) extend(e *entry, toks []int32) {
 	if n := e.node; len(n.seqs) == 1 && len(n.kids) == 0 && n != t.root {
 		// e alone at a leaf, the decode case. MLC's steps come to this: e leaves its page,
@@ -586,10 +587,6 @@ func (t *tree) extend(e *entry, toks []int32) {
 	}
 	if off < len(toks) {
 		rest := toks[off:]
-		if 2*len(rest) < len(toks) {
-			// Do not keep a mostly matched copy alive for its tail.
-			rest = append([]int32(nil), rest...)
-		}
 		if p.n != t.root && !p.hasSeqs() && p.kids() == 0 {
 			// A leaf page with no sequence: it fills up in place, and the pages that follow
 			// continue its chain.
@@ -601,7 +598,9 @@ func (t *tree) extend(e *entry, toks []int32) {
 			p = lastOf(n)
 		} else {
 			parent := t.materialize(p)
-			c := t.newNode(parent, rest, t.appendPages(nil, 0, len(rest)))
+			// append, not make and copy: the copy is not zeroed first, and its spare
+			// capacity, if the allocator rounds up, lets the new leaf grow in place.
+			c := t.newNode(parent, append([]int32(nil), rest...), t.appendPages(nil, 0, len(rest)))
 			parent.insertChild(c)
 			p = lastOf(c)
 		}
