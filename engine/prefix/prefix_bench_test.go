@@ -218,3 +218,50 @@ func BenchmarkDecode(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTurnover is the rest of a step's cost to the cache: one request finishes
+// (RecycleSequence; at the cap of 1,024 recycling sequences it first evicts one) and one
+// arrives (InsertSequence of a shared 256-token system prompt and 200 tokens of its own, a
+// fork from the prompt, then the extension of its own tokens, committed), among 256 active
+// sequences, under either eviction order. The prompt's node has about 1,280 children.
+func BenchmarkTurnover(b *testing.B) {
+	for _, order := range []EvictOrder{EvictMLC, EvictLRU} {
+		b.Run("order="+order.String(), func(b *testing.B) {
+			const active, own = 256, 200
+			rng := rand.New(rand.NewPCG(9, 9))
+			prompt := benchTokens(rng, 256)
+			pool := benchTokens(rng, 1<<16)
+			c := New(Config{MaxRecycling: 1024, Evict: order})
+			var live []int64 // oldest first
+			next := int64(0)
+			turn := func() {
+				if len(live) == active {
+					if err := c.RecycleSequence(live[0]); err != nil {
+						b.Fatal(err)
+					}
+					live = live[1:]
+				}
+				k := int(next*own) % (len(pool) - own)
+				s := cat(prompt, pool[k:k+own])
+				res, err := c.InsertSequence(next, s, NoWindow)
+				if err != nil {
+					b.Fatal(err)
+				}
+				id := next
+				if res.Kind == Reuse {
+					id = res.Parent
+				}
+				c.ExtendSequence(id, s[res.Offset:])
+				c.CommitSequenceExtension()
+				live = append(live, id)
+				next++
+			}
+			for range 2 * (1024 + active) {
+				turn()
+			}
+			for b.Loop() {
+				turn()
+			}
+		})
+	}
+}

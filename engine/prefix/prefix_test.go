@@ -830,6 +830,24 @@ func TestReuseChoiceMatchesNaiveScan(t *testing.T) {
 	}
 }
 
+// longestReusable(m) is the bound the reuse search prunes with: the longest sequence that
+// passes MLC's test for a match of m tokens, in double precision.
+func TestLongestReusable(t *testing.T) {
+	for m := 1; m <= 100_000; m++ {
+		l := longestReusable(m)
+		if !reusable(m, l) || reusable(m, l+1) {
+			t.Fatalf("longestReusable(%d) = %d: reusable there %v, one longer %v", m, l, reusable(m, l), reusable(m, l+1))
+		}
+	}
+	// 9 > 0.9*10 fails in double precision (0.9*10 rounds to 9), so 9 tokens reuse 9 but
+	// not 10; 10 tokens reuse 11 (9.9).
+	for _, c := range []struct{ m, want int }{{1, 1}, {9, 9}, {10, 11}, {90, 99}, {100, 111}} {
+		if got := longestReusable(c.m); got != c.want {
+			t.Errorf("longestReusable(%d) = %d, want %d", c.m, got, c.want)
+		}
+	}
+}
+
 func randTokens(rng *rand.Rand, n int) []int32 {
 	out := make([]int32, n)
 	for i := range out {

@@ -280,11 +280,26 @@ func (n *node) insertChild(c *node) {
 	}
 }
 
+// removeChild takes c out of n's children, keeping the others' order.
 func (t *tree) removeChild(n, c *node) {
-	i := slices.Index(n.kids, c)
-	copy(n.kids[i:], n.kids[i+1:])
-	n.kids[len(n.kids)-1] = nil
-	n.kids = n.kids[:len(n.kids)-1]
+	// Look for c from both ends at once and close the gap from the nearer one: the victims
+	// of eviction are mostly among the oldest children (the least recently recycled) or the
+	// newest (MLC's order), and a shared prompt may have a thousand children.
+	kids := n.kids
+	i, j := 0, len(kids)-1
+	for kids[i] != c && kids[j] != c {
+		i++
+		j--
+	}
+	if kids[i] == c {
+		copy(kids[1:i+1], kids[:i])
+		kids[0] = nil
+		n.kids = kids[1:]
+	} else {
+		copy(kids[j:], kids[j+1:])
+		kids[len(kids)-1] = nil
+		n.kids = kids[:len(kids)-1]
+	}
 	if len(n.kids) == 0 {
 		n.kids = nil
 	}
@@ -739,43 +754,68 @@ func shortestRecycling(x *node, m int, w Window) *entry {
 	if x.rec == 0 {
 		return nil
 	}
-	var best *entry
-	bestLen := 0
-	useful := func(l int) bool { return reusable(m, l) && (best == nil || l < bestLen) }
-	look := func(n *node) {
-		if n.own.rec == 0 || !useful(n.depth) {
-			return
+	s := reuseSearch{w: w, limit: longestReusable(m)}
+	s.look(x)
+	if len(x.kids) > 0 && x.depth < s.limit { // a sequence below x is longer than x.depth
+		s.walk(x)
+	}
+	return s.best
+}
+
+// longestReusable returns the greatest length l that passes reusable(m, l); m > 0. The test
+// is monotone in l, so a length passes it exactly when it is at most that.
+func longestReusable(m int) int {
+	l := int(float64(m) / 0.9)
+	for reusable(m, l+1) {
+		l++
+	}
+	for !reusable(m, l) {
+		l--
+	}
+	return l
+}
+
+// reuseSearch is the walk of shortestRecycling.
+type reuseSearch struct {
+	w     Window
+	best  *entry
+	limit int // the longest length that can still improve on best: it passes the test and is shorter
+}
+
+// look takes the first recycling sequence with window w at n if it improves on the best.
+func (s *reuseSearch) look(n *node) {
+	if n.own.rec == 0 || n.depth > s.limit {
+		return
+	}
+	for i := len(n.seqs) - 1; i >= 0; i-- {
+		if e := n.seqs[i].e; e.state == Recycling && e.window == s.w {
+			s.best, s.limit = e, n.depth-1
+			return // the others here are as long, and later
 		}
-		for i := len(n.seqs) - 1; i >= 0; i-- {
-			if e := n.seqs[i].e; e.state == Recycling && e.window == w {
-				best, bestLen = e, n.depth
-				return // the others here are as long, and later
+	}
+}
+
+// walk looks below n in candidate order (see below), skipping the subtrees that hold nothing
+// recycling or only sequences too long: those in c's subtree are at least c.depth long.
+func (s *reuseSearch) walk(n *node) {
+	if n.kid1.rec > 0 {
+		for i := len(n.kids) - 1; i >= 0; i-- {
+			if c := n.kids[i]; len(c.ends) == 1 {
+				s.look(c)
 			}
 		}
 	}
-	var walk func(n *node)
-	walk = func(n *node) {
-		if n.kid1.rec > 0 {
-			for i := len(n.kids) - 1; i >= 0; i-- {
-				if c := n.kids[i]; len(c.ends) == 1 {
-					look(c)
-				}
-			}
+	for _, c := range n.kids {
+		if c.rec == 0 || c.depth > s.limit {
+			continue
 		}
-		for _, c := range n.kids {
-			if len(c.ends) > 1 {
-				look(c)
-			}
-			if c.rec > c.own.rec && useful(c.depth+1) {
-				walk(c)
-			}
+		if len(c.ends) > 1 {
+			s.look(c)
+		}
+		if c.rec > c.own.rec && c.depth < s.limit {
+			s.walk(c)
 		}
 	}
-	look(x)
-	if len(x.kids) > 0 && useful(x.depth+1) {
-		walk(x)
-	}
-	return best
 }
 
 // firstPlain returns the first sequence without a sliding window among the candidates of x,
