@@ -288,8 +288,7 @@ func (c *Cache) InsertSequence(id int64, tokens []int32, w Window) (Result, erro
 // insert asks the tree for the match and its candidates, and decides.
 func (c *Cache) insert(id int64, q []int32, w Window) Result {
 	t := &c.t
-	stop, m, _ := t.match(lastOf(t.root), q)
-	x := stop.n // the candidates are the sequences of x's subtree
+	x, m, _ := t.match(t.root, q) // the candidates are the sequences of x's subtree
 	t.root.hits++
 	t.touch(t.root)
 	res := Result{Kind: Fresh, Parent: -1, Matched: m}
@@ -533,13 +532,11 @@ func (c *Cache) Match(tokens []int32) (m int, candidates []int64) {
 	if !c.radix {
 		return 0, nil
 	}
-	stop, m, _ := c.t.match(lastOf(c.t.root), tokens)
+	x, m, _ := c.t.match(c.t.root, tokens)
 	if m == 0 {
 		return 0, nil
 	}
-	ids := make([]int64, 0, stop.n.total)
-	candidatesOf(stop.n, func(s slot) bool { ids = append(ids, s.id); return true })
-	return m, ids
+	return m, appendCandidates(make([]int64, 0, x.total), x)
 }
 
 // Stats returns the counters.

@@ -532,12 +532,11 @@ func (t *tree) removeLeafPage(r pageRef) {
 	t.touch(n)
 }
 
-// match walks from page r along q, child by first token, and stops in the page where the
-// common prefix ends: it returns that page, the tokens of q matched, and how many of the
-// page's tokens were (its length when the match reaches the page's end). r must be its
-// node's last page.
-func (t *tree) match(r pageRef, q []int32) (end pageRef, m, in int) {
-	n := r.n
+// match walks from the end of node n along q, child by first token, and stops in the node
+// where the common prefix ends: it returns that node, the tokens of q matched, and how many
+// of the node's tokens were (all of them when the match reaches its end). matchPage says in
+// which of its pages the match stopped.
+func (t *tree) match(n *node, q []int32) (end *node, m, in int) {
 	for m < len(q) {
 		c := n.child(q[m])
 		if c == nil {
@@ -546,13 +545,22 @@ func (t *tree) match(r pageRef, q []int32) (end pageRef, m, in int) {
 		l := lcp(c.toks, q[m:])
 		m += l
 		if l < len(c.toks) {
-			p := pageAt(c, l)
-			return p, m, l - c.start(p.i)
+			return c, m, l
 		}
 		n = c
 	}
-	p := lastOf(n)
-	return p, m, p.len()
+	return n, m, len(n.toks)
+}
+
+// matchPage returns the page of n in which a match of its first in tokens stopped, and how
+// many of the page's tokens it matched (its length when the match reaches the page's end).
+func matchPage(n *node, in int) (pageRef, int) {
+	if in == len(n.toks) {
+		p := lastOf(n)
+		return p, p.len()
+	}
+	p := pageAt(n, in)
+	return p, in - n.start(p.i)
 }
 
 // The operations.
@@ -596,7 +604,8 @@ func (t *tree) extend(e *entry, toks []int32) {
 	orig := t.pop(e)
 	// orig keeps its node and index through what follows: everything that changes happens
 	// below it, and nothing above it merges with it.
-	p, off, in := t.match(orig, toks)
+	x, off, l := t.match(orig.n, toks)
+	p, in := matchPage(x, l)
 	if in < p.len() {
 		p = t.splitPage(p, in)
 	}
@@ -706,34 +715,43 @@ func eachSeq(n *node, f func(slot) bool) bool {
 	return true
 }
 
-// candidatesOf calls f for the sequences of x's subtree in MLC's MatchPrefix order, until f
-// returns false, for a match that stopped in any page of x: x's own, then below(x).
-func candidatesOf(x *node, f func(slot) bool) bool {
-	return eachSeq(x, f) && below(x, f)
+// appendCandidates appends the ids of the sequences of x's subtree in MLC's MatchPrefix
+// order, for a match that stopped in any page of x: x's own, newest first, then below x.
+func appendCandidates(dst []int64, x *node) []int64 {
+	return appendBelow(appendSeqs(dst, x), x)
 }
 
-// below is MLC's Iterate from the first child of x's last page, where Iterate(c) visits c,
-// then Iterate of c's next sibling, then Iterate of c's first child. Page by page that is:
-// the sequences of all the children, in list order, then, for each child from the oldest to
-// the newest, the same below it. A child node of several pages has no sequence on its first
-// page: its own come first in its turn below, followed by what is below its last page.
-func below(x *node, f func(slot) bool) bool {
+// appendSeqs appends the ids of n's sequences, newest first.
+func appendSeqs(dst []int64, n *node) []int64 {
+	for i := len(n.seqs) - 1; i >= 0; i-- {
+		dst = append(dst, n.seqs[i].id)
+	}
+	return dst
+}
+
+// appendBelow is MLC's Iterate from the first child of x's last page, where Iterate(c)
+// visits c, then Iterate of c's next sibling, then Iterate of c's first child. Page by page
+// that is: the sequences of all the children, in list order, then, for each child from the
+// oldest to the newest, the same below it. A child node of several pages has no sequence on
+// its first page: its own come first in its turn below, followed by what is below its last
+// page.
+func appendBelow(dst []int64, x *node) []int64 {
 	if x.kid1.seqs > 0 {
 		for i := len(x.kids) - 1; i >= 0; i-- {
-			if c := x.kids[i]; len(c.ends) == 1 && !eachSeq(c, f) {
-				return false
+			if c := x.kids[i]; len(c.ends) == 1 {
+				dst = appendSeqs(dst, c)
 			}
 		}
 	}
 	for _, c := range x.kids {
-		if len(c.ends) > 1 && !eachSeq(c, f) {
-			return false
+		if len(c.ends) > 1 {
+			dst = appendSeqs(dst, c)
 		}
-		if len(c.kids) > 0 && !below(c, f) {
-			return false
+		if len(c.kids) > 0 {
+			dst = appendBelow(dst, c)
 		}
 	}
-	return true
+	return dst
 }
 
 // reusable is MLC's test for taking a recycling sequence of length l over for a match of m
@@ -795,8 +813,9 @@ func (s *reuseSearch) look(n *node) {
 	}
 }
 
-// walk looks below n in candidate order (see below), skipping the subtrees that hold nothing
-// recycling or only sequences too long: those in c's subtree are at least c.depth long.
+// walk looks below n in candidate order (see appendBelow), skipping the subtrees that hold
+// nothing recycling or only sequences too long: those in c's subtree are c.depth long or
+// longer.
 func (s *reuseSearch) walk(n *node) {
 	if n.kid1.rec > 0 {
 		for i := len(n.kids) - 1; i >= 0; i-- {
