@@ -139,13 +139,16 @@ func newTree(capacity int) tree {
 func (t *tree) newNode(parent *node, toks []int32, ends []int32) *node {
 	var n *node
 	if k := len(t.spare); k > 0 {
-		n = t.spare[k-1]
+		n = t.spare[k-1] // zeroed by free
 		t.spare[k-1] = nil
 		t.spare = t.spare[:k-1]
 	} else {
 		n = new(node)
 	}
-	*n = node{id: t.nextID, parent: parent, toks: toks, ends: ends, dirtyAt: -1, fresh: true}
+	// Field by field, not *n = node{…}: that builds the node on the stack with narrow
+	// stores and copies it with wide loads, which cannot take their data from the stores
+	// still in flight, and stall.
+	n.id, n.parent, n.toks, n.ends, n.dirtyAt, n.fresh = t.nextID, parent, toks, ends, -1, true
 	n.seqs = n.inline[:0]
 	if parent != nil {
 		n.depth = parent.depth + len(toks)
