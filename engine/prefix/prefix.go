@@ -211,7 +211,8 @@ type Cache struct {
 	last *entry
 
 	pending []extension
-	toks    []int32 // the pending extensions' tokens, end to end
+	toks    []int32   // the tokens of the pending extensions that are not own, end to end
+	owned   [][]int32 // the tokens of those that are, in order
 	rec     recycling
 
 	stats Stats
@@ -219,11 +220,17 @@ type Cache struct {
 	evicted []Eviction // OnEvict calls owed at the end of the current call
 }
 
-// extension is a pending ExtendSequence: the sequence's tokens toks[from:to].
+// extension is a pending ExtendSequence of n tokens: the next n of Cache.toks, or, if own,
+// the next copy in Cache.owned. It is small and holds one pointer: a decode step queues one
+// for every running sequence.
 type extension struct {
-	e        *entry
-	from, to int
+	e   *entry
+	n   int
+	own bool
 }
+
+// ownCopyAt is the length above which an extension may get a copy of its own.
+const ownCopyAt = 64
 
 // maxPendingToks is the capacity of Cache.toks above which a commit lets it go, so that a
 // burst of long prompts does not pin its size.
@@ -363,9 +370,20 @@ func (c *Cache) ExtendSequence(id int64, tokens []int32) {
 	if e == nil {
 		return
 	}
-	from := len(c.toks)
-	c.toks = append(c.toks, tokens...)
-	c.pending = append(c.pending, extension{e, from, len(c.toks)})
+	// Long extensions of a sequence that is not alone at a leaf (which grows in place) most
+	// likely become a new leaf's tokens: they get a copy of their own, which the leaf takes,
+	// so that they are copied once. The others (a decode step's token, whatever the
+	// sequence's place: its earlier extensions may be pending) go into a buffer that the
+	// commit reuses, and cost no allocation.
+	own := len(tokens) > ownCopyAt && !c.t.alone(e)
+	if own {
+		// append, not make and copy: the copy is not zeroed first. Its spare capacity, if
+		// the allocator rounds up, lets the leaf it may become grow in place.
+		c.owned = append(c.owned, append([]int32(nil), tokens...))
+	} else {
+		c.toks = append(c.toks, tokens...)
+	}
+	c.pending = append(c.pending, extension{e, len(tokens), own})
 }
 
 // CommitSequenceExtension applies the queued extensions in the order they were queued.
@@ -378,13 +396,24 @@ func (c *Cache) CommitSequenceExtension() {
 }
 
 func (c *Cache) commit() {
+	from, k := 0, 0
 	for _, p := range c.pending {
+		var toks []int32
+		if p.own {
+			toks = c.owned[k]
+			k++
+		} else {
+			toks = c.toks[from : from+p.n : from+p.n]
+			from += p.n
+		}
 		if p.e.node != nil { // still held: a dropped sequence has left the tree
-			c.t.extend(p.e, c.toks[p.from:p.to])
+			c.t.extend(p.e, toks, p.own)
 		}
 	}
 	clear(c.pending)
 	c.pending = c.pending[:0]
+	clear(c.owned)
+	c.owned = c.owned[:0]
 	c.toks = c.toks[:0]
 	if cap(c.toks) > maxPendingToks {
 		c.toks = nil
@@ -454,7 +483,7 @@ func (c *Cache) RollBackSequence(id int64, n int) error {
 	l := e.node.depth
 	for _, p := range c.pending {
 		if p.e == e {
-			l += p.to - p.from
+			l += p.n
 		}
 	}
 	if n < 0 || n > l {

@@ -654,6 +654,31 @@ func TestExtendIsLazy(t *testing.T) {
 }
 
 // TestTreeShape follows the pages through splits, roll-backs and merges.
+// ExtendSequence copies the tokens, however long: the caller may reuse its slice at once.
+func TestExtendCopies(t *testing.T) {
+	for _, n := range []int{1, 3, 64, 65, 500} {
+		c := New(Config{MaxRecycling: -1})
+		// 1 is alone at a leaf, 2 empty at the root.
+		start(t, c, 1, seqOf(1, 4), NoWindow)
+		if _, err := c.InsertSequence(2, []int32{9}, NoWindow); err != nil {
+			t.Fatal(err)
+		}
+		toks := seqOf(100, n)
+		c.ExtendSequence(1, toks)
+		c.ExtendSequence(2, toks)
+		for i := range toks {
+			toks[i] = -1
+		}
+		c.CommitSequenceExtension()
+		for _, q := range [][]int32{cat(seqOf(1, 4), seqOf(100, n)), seqOf(100, n)} {
+			if m, _ := c.Match(q); m != len(q) {
+				t.Errorf("%d tokens: Match(%v…) = %d, want %d", n, q[0], m, len(q))
+			}
+		}
+		mustCheck(t, c)
+	}
+}
+
 // An extension queued for a sequence that is then evicted (TryFreeMemory does not commit)
 // is skipped, even when the id is inserted again: InsertSequence commits before it adds id.
 func TestEvictedSequenceLosesItsExtension(t *testing.T) {

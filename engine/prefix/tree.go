@@ -589,10 +589,18 @@ func (t *tree) fork(e, parent *entry, off int) {
 	t.normalize()
 }
 
-// extend appends toks to e (MLC's ExtendSequence). It only reads toks: a node that takes
-// tokens takes a copy. An empty extension moves e to the front of its page.
-func (t *tree) extend(e *entry, toks []int32) {
-	if n := e.node; len(n.seqs) == 1 && len(n.kids) == 0 && n != t.root {
+// alone reports whether e is alone at a leaf: extending it appends to its node's tokens.
+func (t *tree) alone(e *entry) bool {
+	n := e.node
+	return len(n.seqs) == 1 && len(n.kids) == 0 && n != t.root
+}
+
+// extend appends toks to e (MLC's ExtendSequence). If own, toks is the cache's own copy and
+// a new node may keep a slice of it; otherwise the node takes a copy. An empty extension
+// moves e to the front of its page.
+func (t *tree) extend(e *entry, toks []int32, own bool) {
+	if t.alone(e) {
+		n := e.node
 		// e alone at a leaf, the decode case. MLC's steps come to this: e leaves its page,
 		// which is then a leaf page with no sequence; no child continues toks, so that page
 		// fills up in place and new pages follow in its chain; e goes onto the last of them;
@@ -600,7 +608,11 @@ func (t *tree) extend(e *entry, toks []int32) {
 		// child), and neither is anything else touched.
 		n.toks = append(n.toks, toks...)
 		n.depth += len(toks)
-		t.setEnds(n, t.appendPages(n.ends, len(n.toks)-len(toks), len(n.toks)))
+		if last := len(n.ends) - 1; len(n.toks)-n.start(last) <= t.cap {
+			n.ends[last] = int32(len(n.toks)) // the last page has room
+		} else {
+			t.setEnds(n, t.appendPages(n.ends, len(n.toks)-len(toks), len(n.toks)))
+		}
 		t.touch(n)
 		return
 	}
@@ -624,10 +636,13 @@ func (t *tree) extend(e *entry, toks []int32) {
 			t.touch(n)
 			p = lastOf(n)
 		} else {
+			if !own || 2*len(rest) < len(toks) {
+				// Copy what is borrowed, and do not keep a mostly matched copy alive for its
+				// tail. (append, not make and copy: see ExtendSequence.)
+				rest = append([]int32(nil), rest...)
+			}
 			parent := t.materialize(p)
-			// append, not make and copy: the copy is not zeroed first, and its spare
-			// capacity, if the allocator rounds up, lets the new leaf grow in place.
-			c := t.newNode(parent, append([]int32(nil), rest...), t.appendPages(nil, 0, len(rest)))
+			c := t.newNode(parent, rest, t.appendPages(nil, 0, len(rest)))
 			parent.insertChild(c)
 			p = lastOf(c)
 		}
