@@ -975,7 +975,7 @@ func shape(root *node) string {
 		if n == root {
 			fmt.Fprintf(&b, "(%v %v", []int32{}, seqs)
 		}
-		for i := range n.ends {
+		for i := range n.pages() {
 			var here []int64
 			if i == n.lastPage() {
 				here = seqs
@@ -985,7 +985,7 @@ func shape(root *node) string {
 		for i := len(n.kids) - 1; i >= 0; i-- {
 			visit(n.kids[i])
 		}
-		b.WriteString(strings.Repeat(")", max(len(n.ends), 1)))
+		b.WriteString(strings.Repeat(")", max(n.pages(), 1)))
 	}
 	visit(root)
 	return b.String()

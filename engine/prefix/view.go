@@ -92,8 +92,8 @@ func (c *Cache) Describe() string {
 	var visit func(p *node, indent int)
 	visit = func(p *node, indent int) {
 		fmt.Fprintf(&b, "%s#%d +%d", strings.Repeat("  ", indent), p.id, len(p.toks))
-		if len(p.ends) > 1 {
-			for i := range p.ends {
+		if p.pages() > 1 {
+			for i := range p.pages() {
 				sep := ","
 				if i == 0 {
 					sep = "/"
@@ -145,19 +145,21 @@ func (c *Cache) Check() error {
 		}
 		if p != t.root {
 			switch {
-			case len(p.toks) == 0 || len(p.ends) == 0 || int(p.ends[len(p.ends)-1]) != len(p.toks):
+			case len(p.toks) == 0 || p.ends != nil && (len(p.ends) == 0 || int(p.ends[len(p.ends)-1]) != len(p.toks)):
 				return fmt.Errorf("prefix: check: node %d: %d tokens, pages ending at %v", p.id, len(p.toks), p.ends)
+			case int(p.pageCap) != t.cap || p.npages != countPages(p.toks, p.ends, t.cap):
+				return fmt.Errorf("prefix: check: node %d: %d pages of %d, the tree's of %d", p.id, p.npages, p.pageCap, t.cap)
 			case p.depth != p.parent.depth+len(p.toks):
 				return fmt.Errorf("prefix: check: node %d: depth %d, parent depth %d + %d tokens", p.id, p.depth, p.parent.depth, len(p.toks))
 			case len(p.seqs) == 0 && len(p.kids) < 2:
 				return fmt.Errorf("prefix: check: node %d: %d children and no sequence", p.id, len(p.kids))
 			}
-			for i := range p.ends {
+			for i := range p.pages() {
 				if l := p.end(i) - p.start(i); l < 1 || l > t.cap {
 					return fmt.Errorf("prefix: check: node %d: node %d of %d tokens", p.id, i, l)
 				}
 			}
-		} else if len(p.toks) != 0 || len(p.ends) != 0 {
+		} else if len(p.toks) != 0 || p.ends != nil || p.npages != 0 {
 			return fmt.Errorf("prefix: check: the root holds tokens")
 		}
 		if p.dirtyAt >= 0 && (int(p.dirtyAt) >= len(t.dirty) || t.dirty[p.dirtyAt] != p) {
@@ -225,7 +227,7 @@ func (c *Cache) Check() error {
 			}
 		}
 		for _, k := range p.kids {
-			if len(k.ends) == 1 {
+			if k.onePage() {
 				kid1 = kid1.plus(k.own)
 			}
 		}
