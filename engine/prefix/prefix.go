@@ -206,9 +206,11 @@ type Cache struct {
 
 	t    tree
 	seqs map[int64]*entry
-	// last is the entry lookup found last, or nil: the engine asks HasSequence before it
-	// extends, recycles or removes a sequence, so the second lookup of the id is free.
-	last *entry
+	// recent holds entries by id modulo its length (a power of two, growing with seqs), in
+	// front of seqs: the engine's sequence ids are consecutive, so the live ones mostly
+	// have slots of their own and a lookup costs a load; and it asks HasSequence before it
+	// extends, recycles or removes a sequence, so the second lookup of the id hits.
+	recent []*entry
 
 	pending []extension
 	toks    []int32   // the tokens of the pending extensions that are not own, end to end
@@ -356,6 +358,10 @@ func (c *Cache) insert(id int64, q []int32, w Window) Result {
 func (c *Cache) newEntry(id int64, w Window) *entry {
 	e := &entry{id: id, state: Active, window: w}
 	c.seqs[id] = e
+	if n := len(c.recent); len(c.seqs) > n/2 && n < maxRecent {
+		c.recent = make([]*entry, max(16, 2*n)) // it refills as lookups miss
+	}
+	c.recent[c.slot(id)] = e
 	return e
 }
 
@@ -520,8 +526,8 @@ func (c *Cache) drop(e *entry) {
 	}
 	c.t.remove(e)
 	delete(c.seqs, e.id)
-	if c.last == e {
-		c.last = nil
+	if i := c.slot(e.id); i >= 0 && c.recent[i] == e {
+		c.recent[i] = nil
 	}
 }
 
@@ -575,14 +581,28 @@ func (c *Cache) lookup(id int64) *entry {
 	if !c.radix {
 		return nil
 	}
-	if e := c.last; e != nil && e.id == id {
-		return e
+	i := c.slot(id)
+	if i >= 0 {
+		if e := c.recent[i]; e != nil && e.id == id {
+			return e
+		}
 	}
 	e := c.seqs[id]
-	if e != nil {
-		c.last = e
+	if e != nil && i >= 0 {
+		c.recent[i] = e
 	}
 	return e
+}
+
+// maxRecent is the most slots Cache.recent grows to.
+const maxRecent = 1 << 12
+
+// slot returns id's slot in c.recent, or -1 while it has none.
+func (c *Cache) slot(id int64) int {
+	if len(c.recent) == 0 {
+		return -1
+	}
+	return int(uint64(id) & uint64(len(c.recent)-1))
 }
 
 // done ends every public call that may have changed the cache: it checks the invariants when

@@ -128,10 +128,10 @@ func (c *Cache) check() {
 // Check verifies the cache's invariants and returns the first violation: every node but the
 // root is a maximal chain of pages of 1 to 64 tokens (it holds a sequence or has two children
 // or more), depths add up, the children are in order (the newest last), with distinct first
-// tokens and a right index, the counts are right, every sequence sits in exactly one node, a
-// sequence the lookup remembers is held, so is one with a pending extension unless it has left
-// the tree, and the recycling bookkeeping (stamps, the least-recently-recycled list, the
-// emulated map) holds exactly the recycling sequences.
+// tokens and a right index, the counts are right, every sequence sits in exactly one node,
+// the sequences in the lookup table are held and in their slots, so is one with a pending
+// extension unless it has left the tree, and the recycling bookkeeping (stamps, the
+// least-recently-recycled list, the emulated map) holds exactly the recycling sequences.
 func (c *Cache) Check() error {
 	t := &c.t
 	if t.root.id != 0 || t.root.parent != nil || t.root.depth != 0 || len(t.root.toks) != 0 {
@@ -248,8 +248,10 @@ func (c *Cache) Check() error {
 	if seen != len(c.seqs) {
 		return fmt.Errorf("prefix: check: %d sequences in the tree, %d held", seen, len(c.seqs))
 	}
-	if e := c.last; e != nil && c.seqs[e.id] != e {
-		return fmt.Errorf("prefix: check: lookup remembers %d, not held", e.id)
+	for i, e := range c.recent {
+		if e != nil && (c.seqs[e.id] != e || c.slot(e.id) != i) {
+			return fmt.Errorf("prefix: check: slot %d of the lookup table holds %d, not held there", i, e.id)
+		}
 	}
 	for _, p := range c.pending {
 		if p.e.node != nil && c.seqs[p.e.id] != p.e {
