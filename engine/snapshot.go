@@ -99,10 +99,10 @@ func (e *Engine) Snapshot() Snapshot {
 	for _, r := range e.order {
 		p.requests = append(p.requests, r.view())
 	}
-	for _, r := range e.waiting {
+	for r := range e.waiting.all() {
 		p.waiting = append(p.waiting, r.id)
 	}
-	for _, r := range e.running {
+	for r := range e.running.all() {
 		p.running = append(p.running, r.id)
 	}
 	for seq, r := range e.seqOwner {
@@ -678,14 +678,20 @@ func (v *View) apply(ev Event) error {
 			return fmt.Errorf("KV for %s, which reserved nothing", e.ID)
 		}
 		n := 0
+		hint := -1
 		for _, run := range e.Runs {
-			for s := run.Start; s < run.End(); s++ {
-				idx, ok := kp.index(s, v.cfg.PageSize)
+			for s := run.Start; s < run.End(); {
+				lo, k, sp, ok := kp.locate(s, run.End()-s, v.cfg.PageSize, hint)
 				if !ok {
 					return fmt.Errorf("slot %d is not reserved by %s", s, e.ID)
 				}
-				kp.set(idx)
-				n++
+				if i, twice := kp.firstGot(lo, lo+k); twice {
+					return fmt.Errorf("slot %d of %s arrived twice", s+int64(i-lo), e.ID)
+				}
+				kp.add(lo, lo+k)
+				hint = sp
+				n += k
+				s += int64(k)
 			}
 		}
 		if kp.received != e.Received || kp.reserved != e.Reserved {
