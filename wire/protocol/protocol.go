@@ -316,6 +316,15 @@ func (e *Encoder) event(buf *bytes.Buffer, ev engine.Event) error {
 
 func (e *Encoder) frame(buf *bytes.Buffer, seq uint64, evs []engine.Event) error {
 	fmt.Fprintf(buf, `{"type":"events","seq":%d,"events":[`, seq)
+	if err := e.events(buf, evs); err != nil {
+		return err
+	}
+	buf.WriteString("]}")
+	return nil
+}
+
+// events appends the events' JSON objects, separated by commas.
+func (e *Encoder) events(buf *bytes.Buffer, evs []engine.Event) error {
 	for i, ev := range evs {
 		if i > 0 {
 			buf.WriteByte(',')
@@ -324,7 +333,6 @@ func (e *Encoder) frame(buf *bytes.Buffer, seq uint64, evs []engine.Event) error
 			return err
 		}
 	}
-	buf.WriteString("]}")
 	return nil
 }
 
