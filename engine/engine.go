@@ -195,9 +195,10 @@ func (e *Engine) mark() Stamp { return Stamp{Step: e.step, At: e.now} }
 func (e *Engine) emit(ev Event) {
 	e.out = append(e.out, ev)
 	e.stamp = ev.When()
-	if id, coalesce, ok := markOf(ev); ok {
+	k := infoOf(ev)
+	if id, coalesce, ok := k.markOf(ev); ok {
 		if r := e.reqs[id]; r != nil {
-			r.history = addMark(r.history, newMark(ev), coalesce)
+			r.history = addMark(r.history, k.newMark(ev), coalesce)
 		}
 	}
 }
@@ -935,15 +936,22 @@ func remove[T comparable](s []T, v T) []T {
 	return s
 }
 
+// appendBounded appends v to a list that keeps its last limit elements, oldest first. A
+// full list is a window that slides along its array, copied to a new array only when it
+// reaches the end of its own: an append costs O(1), not the whole list, and a list handed
+// out earlier never sees its elements change.
 func appendBounded[T any](s []T, v T, limit int) []T {
-	if limit == 0 {
+	switch {
+	case limit == 0:
 		return s[:0]
+	case len(s) < limit:
+		return append(s, v)
+	case len(s) < cap(s):
+		return append(s, v)[len(s)-limit+1:]
 	}
-	if len(s) >= limit {
-		copy(s, s[len(s)-limit+1:])
-		s = s[:limit-1]
-	}
-	return append(s, v)
+	n := make([]T, limit-1, 2*limit)
+	copy(n, s[len(s)-limit+1:])
+	return append(n, v)
 }
 
 // Check verifies the engine's invariants (docs/kv-cache.md and the queue rules): every

@@ -130,7 +130,16 @@ func (m Mark) Line() string {
 }
 
 // newMark returns the mark of an event.
-func newMark(ev Event) Mark { return Mark{Stamp: ev.When(), Kind: markKind(ev), ev: ev} }
+func newMark(ev Event) Mark { return infoOf(ev).newMark(ev) }
+
+// newMark returns the mark of an event of kind k.
+func (k *kindInfo) newMark(ev Event) Mark {
+	name := k.name
+	if b, ok := ev.(PrepareBlocked); ok && int(b.Eval.Reason) < len(blockedKinds) {
+		name = blockedKinds[b.Eval.Reason]
+	}
+	return Mark{Stamp: ev.When(), Kind: name, ev: ev}
+}
 
 // materialize formats the marks' text, for a snapshot.
 func materialize(h []Mark) []Mark {
@@ -166,8 +175,10 @@ func addMark(h []Mark, m Mark, coalesce bool) []Mark {
 // markOf returns the request an event belongs on the timeline of, and whether it replaces a
 // previous mark of its kind (the registry says which kinds go on timelines, and how). Both
 // the engine and View use it, so their timelines agree.
-func markOf(ev Event) (id string, coalesce, ok bool) {
-	k := infoOf(ev)
+func markOf(ev Event) (id string, coalesce, ok bool) { return infoOf(ev).markOf(ev) }
+
+// markOf is markOf for an event of kind k (nil: not an event of the registry).
+func (k *kindInfo) markOf(ev Event) (id string, coalesce, ok bool) {
 	if k == nil || k.flags&(onTimeline|coalesced) == 0 {
 		return "", false, false
 	}
@@ -184,13 +195,6 @@ var blockedKinds = func() [prepare.NumReasons]string {
 	}
 	return k
 }()
-
-func markKind(ev Event) string {
-	if b, ok := ev.(PrepareBlocked); ok && int(b.Eval.Reason) < len(blockedKinds) {
-		return blockedKinds[b.Eval.Reason]
-	}
-	return KindOf(ev)
-}
 
 // kvProgress tracks which reserved slots of a prepared request have been written. The
 // reservation's slots, model 0's runs written out in order, are its token indexes [0,
