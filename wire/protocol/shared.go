@@ -54,10 +54,11 @@ func (s *SharedEvents) body(enc Encoding) ([]byte, error) {
 	e := &s.enc[enc]
 	e.once.Do(func() {
 		if enc == EncodingBinary {
-			e.body, e.err = appendBinaryEvents(nil, s.events)
+			e.body, e.err = appendBinaryEvents(make([]byte, 0, 32*len(s.events)), s.events)
 			return
 		}
 		var buf bytes.Buffer
+		buf.Grow(200 * len(s.events))
 		var w Encoder
 		e.err = w.events(&buf, s.events)
 		e.body = buf.Bytes()
