@@ -110,7 +110,7 @@ func traffic(t testing.TB, cfg Config, seed uint64, steps int, after func(e *Eng
 			from := r.IntN(len(all))
 			var slots []int64
 			for i := from; i < min(len(all), from+1+r.IntN(40)); i++ {
-				if idx, _ := q.kv.index(all[i], cfg.PageSize); !q.kv.has(idx) {
+				if _, got := q.kv.firstGot(i, i+1); !got { // token i is slot all[i]
 					slots = append(slots, all[i])
 				}
 			}

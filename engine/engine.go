@@ -51,18 +51,22 @@ type Engine struct {
 	now   int64 // engine time of the current call, Unix milliseconds
 	stamp Stamp // of the last event
 
-	reqs      map[string]*request
-	order     []*request // the request table, in arrival order
-	waiting   []*request
-	running   []*request
-	prepared  []*request         // admitted and not started, in admission order
-	leaks     []*request         // aborted while prepared; their sequences are still held
-	seqOwner  map[int64]*request // the request holding (or that last held) each KV sequence
-	pageKV    map[int32]*request // pages holding slots a prepared request waits for
-	ended     []*request         // finished or aborted, oldest first, for retirement
-	metadata  []MetadataEmitted  // recent prepare-receive answers
-	hazards   []HazardDetected   // recent hazards
-	lastMatch *PrefixMatched     // the most recent prefix match
+	reqs     map[string]*request
+	order    []*request // the request table, in arrival order
+	waiting  queue
+	running  queue
+	prepared queue              // admitted and not started, in admission order
+	leaks    []*request         // aborted while prepared; their sequences are still held
+	seqOwner map[int64]*request // the request holding (or that last held) each KV sequence
+	// pageKV is, by page, the prepared request waiting for KV on the page (nil: none).
+	pageKV []*request
+	// issued finds a prepared request by its kv_append_metadata string (KV writes name
+	// their request by it).
+	issued    map[string]*request
+	ended     []*request        // finished or aborted, oldest first, for retirement
+	metadata  []MetadataEmitted // recent prepare-receive answers
+	hazards   []HazardDetected  // recent hazards
+	lastMatch *PrefixMatched    // the most recent prefix match
 	totals    Totals
 	last      StepCompleted
 
@@ -70,6 +74,10 @@ type Engine struct {
 	tokens   []Token
 	extQueue []*request // prompt extensions to queue after the step
 	scratch  []int64
+	batch    []*request // decode's batch, reused from step to step
+	// KV writes' scratch, reused from write to write.
+	kvRuns           []pages.Run
+	kvSegs, kvSorted []kvSeg
 }
 
 // Totals are the engine's counters since it started.
@@ -120,8 +128,12 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{
 		cfg:      cfg,
 		reqs:     make(map[string]*request),
+		waiting:  queue{id: qWaiting},
+		running:  queue{id: qRunning},
+		prepared: queue{id: qPrepared},
 		seqOwner: make(map[int64]*request),
-		pageKV:   make(map[int32]*request),
+		pageKV:   make([]*request, cfg.NumPages()),
+		issued:   make(map[string]*request),
 	}
 	for range cfg.Models {
 		arena, err := pages.NewArena(cfg.Arena, cfg.NumPages(), cfg.PageSize, cfg.ArenaLimit)
@@ -183,9 +195,10 @@ func (e *Engine) mark() Stamp { return Stamp{Step: e.step, At: e.now} }
 func (e *Engine) emit(ev Event) {
 	e.out = append(e.out, ev)
 	e.stamp = ev.When()
-	if id, coalesce, ok := markOf(ev); ok {
+	k := infoOf(ev)
+	if id, coalesce, ok := k.markOf(ev); ok {
 		if r := e.reqs[id]; r != nil {
-			r.history = addMark(r.history, newMark(ev), coalesce)
+			r.history = addMark(r.history, k.newMark(ev), coalesce)
 		}
 	}
 }
@@ -246,10 +259,13 @@ func (e *Engine) PrepRecv(now time.Time, pr PrepRecv) error {
 	r := &request{
 		id: pr.ID, prompt: slices.Clone(pr.Prompt), end: end, maxTokens: maxTokens,
 		seq: -1, parent: -1, alt: -1, arrived: e.mark(),
+		// Room for the marks of a request's usual life (arrival to finish), and the answer
+		// of a write of its KV: its calls then grow no list.
+		history: make([]Mark, 0, 8), self: []string{pr.ID},
 	}
 	e.reqs[r.id] = r
 	e.order = append(e.order, r)
-	e.waiting = append(e.waiting, r)
+	e.waiting.pushBack(r)
 	e.totals.Arrived++
 	e.emit(RequestArrived{Stamp: e.mark(), ID: r.id, PromptLength: len(r.prompt), End: end, MaxTokens: maxTokens})
 	return nil
@@ -298,118 +314,16 @@ func (e *Engine) StartGenerate(now time.Time, id string, begin int) error {
 		r.lastToken = r.prompt[l-1]
 		ev.Committed = true
 		ev.Tail = 0
-		e.running = append(e.running, r)
+		e.running.pushBack(r)
 	} else {
 		r.pending = l - b
 		r.tailPos = b
-		e.waiting = slices.Insert(e.waiting, 0, r)
-		e.running = append(e.running, r)
+		e.waiting.pushFront(r)
+		e.running.pushBack(r)
 	}
 	ev.MaxTokens = r.maxTokens
 	e.emit(ev)
 	return nil
-}
-
-// KVResult says what a KV write did.
-type KVResult struct {
-	Requests []string // the requests the slots belong to, in first-seen order
-	Complete []string // of which now complete
-}
-
-// ReceiveKV records a prefill instance's write of len(slots) tokens of KV. payload holds
-// each token's KV in slot order, for each model in turn within a token (models ×
-// TokenBytes bytes a token), and is empty when the engine keeps no payload. Every slot must
-// be reserved by a prepared request and not written yet; otherwise nothing is written.
-func (e *Engine) ReceiveKV(now time.Time, slots []int64, payload []byte) (KVResult, error) {
-	var res KVResult
-	if len(slots) == 0 {
-		return res, fmt.Errorf("kv write of no slots: %w", ErrBadKVWrite)
-	}
-	tb := e.stores[0].TokenBytes()
-	if want := len(slots) * tb * len(e.stores); len(payload) != want {
-		return res, fmt.Errorf("kv write of %d slots: payload is %d bytes, want %d (%d models × %d bytes a token): %w",
-			len(slots), len(payload), want, len(e.stores), tb, ErrBadKVWrite)
-	}
-	ps := e.cfg.PageSize
-	type target struct {
-		r   *request
-		idx int
-	}
-	targets := make([]target, len(slots))
-	limit := int64(e.caches[0].NumPages()) * int64(ps)
-	for i, s := range slots {
-		if s < 0 || s >= limit {
-			return res, fmt.Errorf("kv write: slot %d is outside the pool [0, %d): %w", s, limit, ErrBadKVWrite)
-		}
-		r := e.pageKV[int32(s/int64(ps))]
-		if r == nil {
-			return res, fmt.Errorf("kv write: slot %d (page %d) is not reserved by a prepared request: %w", s, s/int64(ps), ErrBadKVWrite)
-		}
-		idx, ok := r.kv.index(s, ps)
-		if !ok {
-			return res, fmt.Errorf("kv write: slot %d is on a page of %s but not one of its reserved slots: %w", s, r.id, ErrBadKVWrite)
-		}
-		if r.kv.has(idx) {
-			return res, fmt.Errorf("kv write: slot %d of %s (token %d) was already written: %w", s, r.id, r.matched+idx, ErrBadKVWrite)
-		}
-		targets[i] = target{r, idx}
-	}
-	seen := make(map[int64]struct{}, len(slots))
-	for _, s := range slots {
-		if _, dup := seen[s]; dup {
-			return res, fmt.Errorf("kv write: slot %d appears twice: %w", s, ErrBadKVWrite)
-		}
-		seen[s] = struct{}{}
-	}
-	e.setNow(now)
-	// Everything checked: write.
-	type group struct {
-		r     *request
-		slots []int64
-	}
-	var groups []*group
-	byReq := map[*request]*group{}
-	for i, t := range targets {
-		if tb > 0 {
-			for m, st := range e.stores {
-				off := (i*len(e.stores) + m) * tb
-				st.WriteSlot(slots[i], payload[off:off+tb])
-			}
-		}
-		t.r.kv.set(t.idx)
-		g := byReq[t.r]
-		if g == nil {
-			g = &group{r: t.r}
-			byReq[t.r] = g
-			groups = append(groups, g)
-		}
-		g.slots = append(g.slots, slots[i])
-	}
-	e.totals.KVTokens += uint64(len(slots))
-	for _, g := range groups {
-		r := g.r
-		res.Requests = append(res.Requests, r.id)
-		e.emit(KVReceived{Stamp: e.mark(), ID: r.id, Runs: toRuns(g.slots), Received: r.kv.received, Reserved: r.kv.reserved})
-		if r.kv.complete() {
-			res.Complete = append(res.Complete, r.id)
-			r.state = StateKVComplete
-			e.unmapKV(r)
-			if e.cfg.ExcludeUnreceived && !r.extQueued {
-				e.queueExtension(r)
-			}
-		}
-	}
-	return res, nil
-}
-
-// toRuns compresses slots into runs.
-func toRuns(slots []int64) []pages.Run {
-	flat := pages.Compress(nil, slots)
-	runs := make([]pages.Run, 0, flat[0])
-	for i := 1; i < len(flat); i += 2 {
-		runs = append(runs, pages.Run{Start: flat[i], Len: flat[i+1]})
-	}
-	return runs
 }
 
 // Abort aborts a request. A waiting one leaves the queue; a running one ends and its
@@ -426,7 +340,7 @@ func (e *Engine) Abort(now time.Time, id string) error {
 	e.setNow(now)
 	switch r.state {
 	case StateWaiting:
-		e.waiting = remove(e.waiting, r)
+		e.waiting.remove(r)
 		e.end(r, StateAborted, AbortByClient)
 		e.emit(RequestAborted{Stamp: e.mark(), ID: id, Reason: AbortByClient})
 	case StatePrepared, StateKVComplete:
@@ -438,8 +352,8 @@ func (e *Engine) Abort(now time.Time, id string) error {
 		e.emit(RequestAborted{Stamp: e.mark(), ID: id, Reason: AbortByClient, Leaked: true, LeakedPages: n})
 		e.hazard(Hazard{Kind: HazardAbortLeak, ID: id, Seq: r.seq, Pages: n})
 	case StateRunning:
-		e.waiting = remove(e.waiting, r)
-		e.running = remove(e.running, r)
+		e.waiting.remove(r)
+		e.running.remove(r)
 		e.end(r, StateAborted, AbortByClient)
 		e.emit(RequestAborted{Stamp: e.mark(), ID: id, Reason: AbortByClient})
 		e.release(r, true)
@@ -515,7 +429,7 @@ func (r *request) prepareRequest() prepare.Request {
 
 // headPrep returns the first prepare-receive request in the waiting queue.
 func (e *Engine) headPrep() *request {
-	for _, r := range e.waiting {
+	for r := range e.waiting.all() {
 		if r.state == StateWaiting {
 			return r
 		}
@@ -526,7 +440,7 @@ func (e *Engine) headPrep() *request {
 // numRunning counts running requests with nothing left to prefill.
 func (e *Engine) numRunning() int {
 	n := 0
-	for _, r := range e.running {
+	for r := range e.running.all() {
 		if r.pending == 0 {
 			n++
 		}
@@ -545,7 +459,7 @@ func (e *Engine) block(r *request, ev prepare.Evaluation) {
 
 // admit turns an admission into the request's new state and its events.
 func (e *Engine) admit(r *request, p prepare.Prepared) {
-	e.waiting = remove(e.waiting, r)
+	e.waiting.remove(r)
 	r.eval = nil
 	r.seq = p.Seq
 	r.matched = p.Matched
@@ -594,7 +508,10 @@ func (e *Engine) admit(r *request, p prepare.Prepared) {
 			e.pageKV[sp.page] = r
 		}
 	}
-	e.prepared = append(e.prepared, r)
+	e.prepared.pushBack(r)
+	if _, dup := e.issued[r.encoded]; !dup {
+		e.issued[r.encoded] = r
+	}
 	if !e.cfg.ExcludeUnreceived || r.kv.complete() {
 		e.extQueue = append(e.extQueue, r)
 	}
@@ -642,14 +559,27 @@ func (e *Engine) queueExtension(r *request) {
 
 // leavePrepared takes a request off the prepared list and its pages off the KV map.
 func (e *Engine) leavePrepared(r *request) {
-	e.prepared = remove(e.prepared, r)
+	e.prepared.remove(r)
+	if e.issued[r.encoded] == r {
+		delete(e.issued, r.encoded)
+		if r.kv.reserved == 0 {
+			// Only a reservation of no slots has metadata another can share: the next
+			// prepared request with it is the one it names now.
+			for o := range e.prepared.all() {
+				if o.encoded == r.encoded {
+					e.issued[o.encoded] = o
+					break
+				}
+			}
+		}
+	}
 	e.unmapKV(r)
 }
 
 func (e *Engine) unmapKV(r *request) {
 	for _, sp := range r.kv.spans {
 		if e.pageKV[sp.page] == r {
-			delete(e.pageKV, sp.page)
+			e.pageKV[sp.page] = nil
 		}
 	}
 }
@@ -659,7 +589,7 @@ func (e *Engine) unmapKV(r *request) {
 func (e *Engine) prefill(sc *StepCompleted) bool {
 	budget := e.cfg.PrefillChunkSize
 	var done []*request
-	for _, r := range e.waiting {
+	for r := range e.waiting.all() {
 		if r.state != StateRunning || r.pending == 0 || budget == 0 {
 			continue
 		}
@@ -686,7 +616,7 @@ func (e *Engine) prefill(sc *StepCompleted) bool {
 		}
 	}
 	for _, r := range done {
-		e.waiting = remove(e.waiting, r)
+		e.waiting.remove(r)
 		e.sample(r)
 	}
 	for _, r := range done {
@@ -724,15 +654,26 @@ func (e *Engine) reserve(seq int64, n int) []int32 {
 	return e.newPages(toRuns(slots))
 }
 
+// toRuns compresses slots into runs.
+func toRuns(slots []int64) []pages.Run {
+	flat := pages.Compress(nil, slots)
+	runs := make([]pages.Run, 0, flat[0])
+	for i := 1; i < len(flat); i += 2 {
+		runs = append(runs, pages.Run{Start: flat[i], Len: flat[i+1]})
+	}
+	return runs
+}
+
 // decode runs batch decode: one token for every running request with nothing to prefill,
 // preempting the last ones when pages run short and eviction frees nothing.
 func (e *Engine) decode(sc *StepCompleted) bool {
-	var batch []*request
-	for _, r := range e.running {
+	batch := e.batch[:0]
+	for r := range e.running.all() {
 		if r.pending == 0 {
 			batch = append(batch, r)
 		}
 	}
+	defer func() { clear(batch); e.batch = batch[:0] }()
 	if len(batch) == 0 {
 		return false
 	}
@@ -802,7 +743,7 @@ func simToken(seed uint64, id string, i, vocab int) int32 {
 
 // finish ends a request that generated its tokens and recycles its sequence.
 func (e *Engine) finish(r *request) {
-	e.running = remove(e.running, r)
+	e.running.remove(r)
 	e.end(r, StateFinished, "length")
 	e.totals.Finished++
 	e.emit(RequestFinished{Stamp: e.mark(), ID: r.id, Generated: r.generated, Reason: "length"})
@@ -870,7 +811,7 @@ func (e *Engine) dropSeq(seq int64) int {
 // preempt aborts a running request for want of pages and frees its KV; the router starts
 // its three calls again.
 func (e *Engine) preempt(r *request) {
-	e.running = remove(e.running, r)
+	e.running.remove(r)
 	e.end(r, StatePreempted, AbortPreempt)
 	e.totals.Preempted++
 	e.emit(RequestAborted{Stamp: e.mark(), ID: r.id, Reason: AbortPreempt})
@@ -896,7 +837,7 @@ func (e *Engine) end(r *request, st RequestState, reason string) {
 func (e *Engine) timeouts() {
 	if e.cfg.PreparedAgeLimit > 0 {
 		limit := e.cfg.PreparedAgeLimit.Milliseconds()
-		for _, r := range e.prepared {
+		for r := range e.prepared.all() {
 			if age := e.now - r.admitted.At; !r.ageFlagged && age >= limit {
 				r.ageFlagged = true
 				e.hazard(Hazard{Kind: HazardPreparedAge, ID: r.id, Seq: r.seq, AgeMs: age, Received: r.kv.received, Reserved: r.kv.reserved})
@@ -907,7 +848,7 @@ func (e *Engine) timeouts() {
 		return
 	}
 	limit := e.cfg.ReclaimAfter.Milliseconds()
-	for _, r := range slices.Clone(e.prepared) {
+	for _, r := range e.prepared.appendTo(nil) {
 		if e.now-r.admitted.At >= limit {
 			e.leavePrepared(r)
 			e.end(r, StateAborted, AbortReclaim)
@@ -926,7 +867,8 @@ func (e *Engine) timeouts() {
 }
 
 // retireOld forgets the oldest ended requests beyond KeepFinished; a leaked one is kept
-// while its sequence is held.
+// while its sequence is held. The table and the ended list are compacted once for all of
+// them, so that retiring costs a pass a step, not one per request retired.
 func (e *Engine) retireOld() {
 	n := 0
 	for _, r := range e.ended {
@@ -934,21 +876,36 @@ func (e *Engine) retireOld() {
 			n++
 		}
 	}
-	for n > e.cfg.KeepFinished {
-		for _, r := range e.ended {
-			if !r.leaked {
-				e.retire(r)
-				break
-			}
-		}
-		n--
+	excess := n - e.cfg.KeepFinished
+	if excess <= 0 {
+		return
 	}
+	kept := e.ended[:0]
+	for _, r := range e.ended {
+		if excess > 0 && !r.leaked {
+			excess--
+			r.retired = true
+			e.forget(r)
+			continue
+		}
+		kept = append(kept, r)
+	}
+	clear(e.ended[len(kept):])
+	e.ended = kept
+	e.order = slices.DeleteFunc(e.order, func(r *request) bool { return r.retired })
 }
 
+// retire forgets one ended request.
 func (e *Engine) retire(r *request) {
-	delete(e.reqs, r.id)
+	e.forget(r)
 	e.order = remove(e.order, r)
 	e.ended = remove(e.ended, r)
+}
+
+// forget takes a request out of the id table and says so; the caller takes it off the
+// table's order and the ended list.
+func (e *Engine) forget(r *request) {
+	delete(e.reqs, r.id)
 	e.emit(RequestRetired{Stamp: e.mark(), ID: r.id})
 }
 
@@ -979,15 +936,22 @@ func remove[T comparable](s []T, v T) []T {
 	return s
 }
 
+// appendBounded appends v to a list that keeps its last limit elements, oldest first. A
+// full list is a window that slides along its array, copied to a new array only when it
+// reaches the end of its own: an append costs O(1), not the whole list, and a list handed
+// out earlier never sees its elements change.
 func appendBounded[T any](s []T, v T, limit int) []T {
-	if limit == 0 {
+	switch {
+	case limit == 0:
 		return s[:0]
+	case len(s) < limit:
+		return append(s, v)
+	case len(s) < cap(s):
+		return append(s, v)[len(s)-limit+1:]
 	}
-	if len(s) >= limit {
-		copy(s, s[len(s)-limit+1:])
-		s = s[:limit-1]
-	}
-	return append(s, v)
+	n := make([]T, limit-1, 2*limit)
+	copy(n, s[len(s)-limit+1:])
+	return append(n, v)
 }
 
 // Check verifies the engine's invariants (docs/kv-cache.md and the queue rules): every
@@ -1030,23 +994,40 @@ func (e *Engine) Check() error {
 			return fmt.Errorf("recycling seq %d is not in the cache", seq)
 		}
 	}
-	for _, r := range e.prepared {
+	for _, q := range []*queue{&e.waiting, &e.running, &e.prepared} {
+		if err := q.check(); err != nil {
+			return err
+		}
+	}
+	seen := map[string]*request{}
+	for r := range e.prepared.all() {
 		if r.state != StatePrepared && r.state != StateKVComplete {
 			return fmt.Errorf("%s is on the prepared list but %s", r.id, r.state)
 		}
-		if slices.Contains(e.waiting, r) || slices.Contains(e.running, r) {
+		if e.waiting.has(r) || e.running.has(r) {
 			return fmt.Errorf("prepared %s is in a queue", r.id)
+		}
+		if first := seen[r.encoded]; first == nil {
+			seen[r.encoded] = r
+			if e.issued[r.encoded] != r {
+				return fmt.Errorf("prepared %s is not found by its metadata %s", r.id, r.encoded)
+			}
 		}
 		if l, _ := e.caches[0].SequenceLength(r.seq); l != r.end {
 			return fmt.Errorf("prepared %s: seq %d holds %d tokens, want end %d", r.id, r.seq, l, r.end)
 		}
 	}
-	for _, r := range e.waiting {
+	for _, r := range e.issued {
+		if !e.prepared.has(r) {
+			return fmt.Errorf("%s is found by its metadata but not prepared", r.id)
+		}
+	}
+	for r := range e.waiting.all() {
 		if r.state != StateWaiting && !(r.state == StateRunning && r.pending > 0) {
 			return fmt.Errorf("%s is in the waiting queue but %s with %d pending", r.id, r.state, r.pending)
 		}
 	}
-	for _, r := range e.running {
+	for r := range e.running.all() {
 		if r.state != StateRunning {
 			return fmt.Errorf("%s is in the running queue but %s", r.id, r.state)
 		}
@@ -1060,7 +1041,7 @@ func (e *Engine) Check() error {
 		}
 	}
 	for page, r := range e.pageKV {
-		if r.state != StatePrepared {
+		if r != nil && r.state != StatePrepared {
 			return fmt.Errorf("page %d waits for KV of %s, which is %s", page, r.id, r.state)
 		}
 	}

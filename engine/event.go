@@ -409,19 +409,6 @@ func init() {
 
 func infoOf(ev Event) *kindInfo { return kindByType[reflect.TypeOf(ev)] }
 
-// leavesRequestsOf says whether an event leaves what derivation reads of the requests as it
-// was.
-func leavesRequestsOf(ev Event) bool {
-	k := infoOf(ev)
-	return k != nil && k.flags&leavesRequests != 0
-}
-
-// movesPagesOf says whether an event can change what the page map derives.
-func movesPagesOf(ev Event) bool {
-	k := infoOf(ev)
-	return k == nil || k.flags&movesPages != 0
-}
-
 // KindOf returns an event's stable name, as used on the wire ("request_arrived"); a pointer
 // made by NewEvent has its value's kind.
 func KindOf(ev Event) string {

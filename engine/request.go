@@ -104,7 +104,11 @@ type request struct {
 	arrived, started, ended Stamp
 	finishReason            string
 	ageFlagged              bool
+	retired                 bool     // forgotten, about to leave the table
+	self                    []string // {id}, the answer of a KV write of its slots alone
 	history                 []Mark
+
+	links [numQueues]link // its places in the waiting, running and prepared queues
 }
 
 // Mark is one line of a request's timeline.
@@ -126,7 +130,16 @@ func (m Mark) Line() string {
 }
 
 // newMark returns the mark of an event.
-func newMark(ev Event) Mark { return Mark{Stamp: ev.When(), Kind: markKind(ev), ev: ev} }
+func newMark(ev Event) Mark { return infoOf(ev).newMark(ev) }
+
+// newMark returns the mark of an event of kind k.
+func (k *kindInfo) newMark(ev Event) Mark {
+	name := k.name
+	if b, ok := ev.(PrepareBlocked); ok && int(b.Eval.Reason) < len(blockedKinds) {
+		name = blockedKinds[b.Eval.Reason]
+	}
+	return Mark{Stamp: ev.When(), Kind: name, ev: ev}
+}
 
 // materialize formats the marks' text, for a snapshot.
 func materialize(h []Mark) []Mark {
@@ -162,8 +175,10 @@ func addMark(h []Mark, m Mark, coalesce bool) []Mark {
 // markOf returns the request an event belongs on the timeline of, and whether it replaces a
 // previous mark of its kind (the registry says which kinds go on timelines, and how). Both
 // the engine and View use it, so their timelines agree.
-func markOf(ev Event) (id string, coalesce, ok bool) {
-	k := infoOf(ev)
+func markOf(ev Event) (id string, coalesce, ok bool) { return infoOf(ev).markOf(ev) }
+
+// markOf is markOf for an event of kind k (nil: not an event of the registry).
+func (k *kindInfo) markOf(ev Event) (id string, coalesce, ok bool) {
 	if k == nil || k.flags&(onTimeline|coalesced) == 0 {
 		return "", false, false
 	}
@@ -181,18 +196,16 @@ var blockedKinds = func() [prepare.NumReasons]string {
 	return k
 }()
 
-func markKind(ev Event) string {
-	if b, ok := ev.(PrepareBlocked); ok && int(b.Eval.Reason) < len(blockedKinds) {
-		return blockedKinds[b.Eval.Reason]
-	}
-	return KindOf(ev)
-}
-
-// kvProgress tracks which reserved slots of a prepared request have been written.
+// kvProgress tracks which reserved slots of a prepared request have been written. The
+// reservation's slots, model 0's runs written out in order, are its token indexes [0,
+// reserved); what has arrived is kept as ranges of token indexes, so that a write costs the
+// pages it touches, not the slots.
 type kvProgress struct {
 	reserved int
 	received int
-	bits     []uint64 // by token index in the reservation
+	// got is what has arrived: ranges of token indexes, in order, neither overlapping nor
+	// touching.
+	got []tokens
 	// spans cut model 0's reserved slots by page, sorted by page, so a slot finds its token
 	// index with a binary search.
 	spans []kvSpan
@@ -201,6 +214,9 @@ type kvProgress struct {
 	runStart []int
 	runRecv  []int
 }
+
+// tokens is the token indexes [lo, hi) of a reservation.
+type tokens struct{ lo, hi int }
 
 type kvSpan struct {
 	page  int32
@@ -226,47 +242,102 @@ func newKVProgress(runs []pages.Run, pageSize int) kvProgress {
 	if !slices.IsSortedFunc(kp.spans, byPage) {
 		slices.SortFunc(kp.spans, byPage)
 	}
-	kp.bits = make([]uint64, (kp.reserved+63)/64)
 	kp.runRecv = make([]int, len(runs))
+	kp.got = make([]tokens, 0, 2) // room for what arrives, in order or not
 	return kp
 }
 
-// index returns the token index of a slot in the reservation.
-func (kp *kvProgress) index(slot int64, pageSize int) (int, bool) {
+// locate returns the token index of a slot in the reservation and how many slots from it
+// on, up to n, follow it in the reservation on the same page; false if the slot is not
+// reserved. hint is the span the previous call found (a write walks its pages in order),
+// and the span found is returned for the next.
+func (kp *kvProgress) locate(slot int64, n int64, pageSize int, hint int) (index, run, span int, ok bool) {
 	page := int32(slot / int64(pageSize))
 	off := int(slot % int64(pageSize))
-	i := sort.Search(len(kp.spans), func(i int) bool { return kp.spans[i].page >= page })
-	if i == len(kp.spans) || kp.spans[i].page != page {
-		return 0, false
+	i := hint
+	if i < 0 || i >= len(kp.spans) || kp.spans[i].page != page {
+		i++ // the next page of a run is usually the next span
+	}
+	if i < 0 || i >= len(kp.spans) || kp.spans[i].page != page {
+		i = sort.Search(len(kp.spans), func(i int) bool { return kp.spans[i].page >= page })
+		if i == len(kp.spans) || kp.spans[i].page != page {
+			return 0, 0, i, false
+		}
 	}
 	sp := kp.spans[i]
 	if off < sp.off || off >= sp.off+sp.n {
-		return 0, false
+		return 0, 0, i, false
 	}
-	return sp.index + off - sp.off, true
+	return sp.index + off - sp.off, int(min(n, int64(sp.off+sp.n-off))), i, true
 }
 
-func (kp *kvProgress) has(i int) bool { return kp.bits[i/64]&(1<<(i%64)) != 0 }
+// firstGot returns the first token index in [lo, hi) that has arrived.
+func (kp *kvProgress) firstGot(lo, hi int) (int, bool) {
+	// The first range that ends after lo.
+	i := sort.Search(len(kp.got), func(i int) bool { return kp.got[i].hi > lo })
+	if i < len(kp.got) && kp.got[i].lo < hi {
+		return max(lo, kp.got[i].lo), true
+	}
+	return 0, false
+}
 
-// set marks token index i received and returns the run it belongs to.
-func (kp *kvProgress) set(i int) int {
-	kp.bits[i/64] |= 1 << (i % 64)
-	kp.received++
-	run := sort.Search(len(kp.runStart), func(r int) bool { return kp.runStart[r] > i }) - 1
-	kp.runRecv[run]++
-	return run
+// add records the token indexes [lo, hi), none of which has arrived, and counts them into
+// the runs they belong to.
+func (kp *kvProgress) add(lo, hi int) {
+	kp.received += hi - lo
+	for r := sort.Search(len(kp.runStart), func(r int) bool { return kp.runStart[r] > lo }) - 1; r < len(kp.runStart); r++ {
+		end := kp.reserved
+		if r+1 < len(kp.runStart) {
+			end = kp.runStart[r+1]
+		}
+		kp.runRecv[r] += min(hi, end) - max(lo, kp.runStart[r])
+		if hi <= end {
+			break
+		}
+	}
+	// Where [lo, hi) goes: after the ranges that end before it, merged with those it
+	// touches.
+	i := sort.Search(len(kp.got), func(i int) bool { return kp.got[i].hi >= lo })
+	j := i
+	for j < len(kp.got) && kp.got[j].lo <= hi {
+		j++
+	}
+	if i < j { // touches got[i:j], with no overlap: merge them
+		kp.got[i] = tokens{min(lo, kp.got[i].lo), max(hi, kp.got[j-1].hi)}
+		kp.got = slices.Delete(kp.got, i+1, j)
+		return
+	}
+	kp.got = slices.Insert(kp.got, i, tokens{lo, hi})
 }
 
 // missing counts the unreceived token indexes in [0, n).
 func (kp *kvProgress) missing(n int) int {
 	n = min(n, kp.reserved)
 	got := 0
-	for i := range n {
-		if kp.has(i) {
-			got++
+	for _, t := range kp.got {
+		if t.lo >= n {
+			break
 		}
+		got += min(t.hi, n) - t.lo
 	}
 	return n - got
 }
 
 func (kp *kvProgress) complete() bool { return kp.received == kp.reserved }
+
+// runsOf appends to dst model 0's slots of the token indexes [lo, hi) of a reservation of
+// runs, as runs.
+func runsOf(dst, runs []pages.Run, lo, hi int) []pages.Run {
+	at := 0
+	for _, r := range runs {
+		n := int(r.Len)
+		if at+n > lo && at < hi {
+			from, to := max(lo, at), min(hi, at+n)
+			dst = append(dst, pages.Run{Start: r.Start + int64(from-at), Len: int64(to - from)})
+		}
+		if at += n; at >= hi {
+			break
+		}
+	}
+	return dst
+}

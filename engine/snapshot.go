@@ -99,10 +99,10 @@ func (e *Engine) Snapshot() Snapshot {
 	for _, r := range e.order {
 		p.requests = append(p.requests, r.view())
 	}
-	for _, r := range e.waiting {
+	for r := range e.waiting.all() {
 		p.waiting = append(p.waiting, r.id)
 	}
-	for _, r := range e.running {
+	for r := range e.running.all() {
 		p.running = append(p.running, r.id)
 	}
 	for seq, r := range e.seqOwner {
@@ -264,6 +264,7 @@ type View struct {
 	dPages          uint64
 	stsIndex        map[string]int // index in sts by request id, when asked for
 	idxVersion      uint64
+	slots           []int64 // the cache's reservations, reused
 }
 
 // NewView builds a view from a snapshot.
@@ -564,15 +565,16 @@ func (v *View) Apply(ev Event) error {
 	}
 	v.stamp = ev.When()
 	v.version++
-	if movesPagesOf(ev) {
+	k := infoOf(ev) // once: the registry's flags say what else the event moves
+	if k == nil || k.flags&movesPages != 0 {
 		v.pagesVersion++
 	}
-	if !leavesRequestsOf(ev) {
+	if k == nil || k.flags&leavesRequests == 0 {
 		v.requestsVersion++
 	}
-	if id, coalesce, ok := markOf(ev); ok {
+	if id, coalesce, ok := k.markOf(ev); ok {
 		if r := v.reqs[id]; r != nil {
-			r.History = addMark(r.History, newMark(ev), coalesce)
+			r.History = addMark(r.History, k.newMark(ev), coalesce)
 		}
 	}
 	return nil
@@ -634,7 +636,8 @@ func (v *View) apply(ev Event) error {
 		}
 	case PagesReserved:
 		before := v.cache.NumAvailablePages()
-		if _, err := v.cache.ReserveAppend(e.Seq, e.N, nil); err != nil {
+		var err error
+		if v.slots, err = v.cache.ReserveAppend(e.Seq, e.N, v.slots[:0]); err != nil {
 			return err
 		}
 		if got := before - v.cache.NumAvailablePages(); got != len(e.NewPages) {
@@ -678,14 +681,20 @@ func (v *View) apply(ev Event) error {
 			return fmt.Errorf("KV for %s, which reserved nothing", e.ID)
 		}
 		n := 0
+		hint := -1
 		for _, run := range e.Runs {
-			for s := run.Start; s < run.End(); s++ {
-				idx, ok := kp.index(s, v.cfg.PageSize)
+			for s := run.Start; s < run.End(); {
+				lo, k, sp, ok := kp.locate(s, run.End()-s, v.cfg.PageSize, hint)
 				if !ok {
 					return fmt.Errorf("slot %d is not reserved by %s", s, e.ID)
 				}
-				kp.set(idx)
-				n++
+				if i, twice := kp.firstGot(lo, lo+k); twice {
+					return fmt.Errorf("slot %d of %s arrived twice", s+int64(i-lo), e.ID)
+				}
+				kp.add(lo, lo+k)
+				hint = sp
+				n += k
+				s += int64(k)
 			}
 		}
 		if kp.received != e.Received || kp.reserved != e.Reserved {
@@ -730,7 +739,7 @@ func (v *View) apply(ev Event) error {
 			if err != nil {
 				return err
 			}
-			if _, err := v.cache.ReserveAppend(r.Seq, 1, nil); err != nil {
+			if v.slots, err = v.cache.ReserveAppend(r.Seq, 1, v.slots[:0]); err != nil {
 				return err
 			}
 			r.Generated++

@@ -8,6 +8,9 @@
 // (record). They differ only in how they pay a snapshot that is owed: the runner takes one on
 // the engine's goroutine, the client asks the server, the player builds one from its view.
 //
+// A History keeps what a viewer received and rebuilds the state at any step it holds: a
+// recording loaded for the player is one, and the dashboard keeps a bounded one to rewind.
+//
 // # Usage
 //
 // A producer:
@@ -38,6 +41,7 @@
 //
 // # Imports
 //
-// feed imports engine for its value types (Snapshot, Event), and nothing that does I/O;
+// feed imports engine for its value types (Snapshot, Event; engine/pages and engine/prefix
+// for the sizes of theirs in a History's estimate), and nothing that does I/O;
 // the engine's packages never import feed.
 package feed

@@ -74,28 +74,29 @@ func (p *Player) Run(ctx context.Context) {
 	p.mu.Unlock()
 	defer close(p.done)
 	defer p.mb.Close()
-	items := p.rec.items
-	view, err := engine.NewView(*items[0].snap)
+	rec := p.rec
+	first := rec.at(0)
+	view, err := engine.NewView(*first.snap)
 	if err != nil {
 		p.setLink(feed.LinkClosed, err.Error())
 		return
 	}
-	snap := *items[0].snap
+	snap := *first.snap
 	p.mb.Snapshot(&snap)
 	pos := 1
-	recNow := items[0].at
+	recNow := first.at
 	// While paused, a step request plays everything stamped up to target: an engine step
 	// and the calls that came after it.
 	stepping, target := false, uint64(0)
-	cur, epoch := items[0].step, 0 // the step and the epoch played up to
+	cur, epoch := first.step, 0 // the step and the epoch played up to
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
 		p.mu.Lock()
 		paused, speed := p.status.Paused, p.status.Target
 		p.mu.Unlock()
-		atEnd := pos >= len(items)
-		if stepping && (atEnd || items[pos].step > target) {
+		atEnd := pos >= rec.n
+		if stepping && (atEnd || rec.at(pos).step > target) {
 			stepping = false
 		}
 		var wait time.Duration
@@ -105,12 +106,12 @@ func (p *Player) Run(ctx context.Context) {
 		case stepping:
 			wait = 0
 		default:
-			gap := time.Duration(items[pos].at-recNow) * time.Millisecond
+			gap := time.Duration(rec.at(pos).at-recNow) * time.Millisecond
 			wait = min(max(gap, 0), maxGap)
 			wait = time.Duration(float64(wait) / speed)
 		}
 		if atEnd {
-			p.setLink(feed.LinkUp, fmt.Sprintf("end of the recording at step %d", items[len(items)-1].step))
+			p.setLink(feed.LinkUp, fmt.Sprintf("end of the recording at step %d", rec.at(rec.n-1).step))
 		}
 		if wait != 0 {
 			fired := false
@@ -155,8 +156,8 @@ func (p *Player) Run(ctx context.Context) {
 					}
 					view, pos, stepping = v, next, false
 					cur, epoch = uint64(c.N), e
-					if pos < len(items) {
-						recNow = items[pos].at
+					if pos < rec.n {
+						recNow = rec.at(pos).at
 					}
 					s := view.Snapshot()
 					p.mb.Snapshot(&s)
@@ -171,7 +172,7 @@ func (p *Player) Run(ctx context.Context) {
 			}
 		}
 		// Release the next recorded item.
-		it := items[pos]
+		it := rec.at(pos)
 		pos++
 		if it.epoch != epoch && stepping {
 			target = it.step + (target - cur) // the steps asked for go on in the new epoch

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"sync"
 	"time"
 
@@ -166,8 +167,8 @@ func Load(r io.Reader) (*Recording, error) {
 	var view *engine.View
 	line := 0
 	newEpoch := func() {
-		if n := len(rec.epochs); n == 0 || rec.epochs[n-1].start < len(rec.items) {
-			rec.epochs = append(rec.epochs, epochSpan{start: len(rec.items)})
+		if n := len(rec.epochs); n == 0 || rec.epochs[n-1].h.Len() > 0 {
+			rec.epochs = append(rec.epochs, epochSpan{start: rec.n, h: feed.NewHistory(feed.HistoryLimits{})})
 		}
 		view = nil
 	}
@@ -196,7 +197,7 @@ func Load(r io.Reader) (*Recording, error) {
 		case protocol.FrameHello:
 			newEpoch()
 		case protocol.FrameSnapshot:
-			if n := len(rec.items); n > rec.epochs[len(rec.epochs)-1].start && f.Snapshot.Stamp.Step < rec.items[n-1].step {
+			if _, last, ok := rec.epochs[len(rec.epochs)-1].h.Steps(); ok && f.Snapshot.Stamp.Step < last {
 				newEpoch()
 			}
 			v, err := engine.NewView(*f.Snapshot)
@@ -204,7 +205,8 @@ func Load(r io.Reader) (*Recording, error) {
 				return nil, fmt.Errorf("record: line %d: %w", line, err)
 			}
 			view = v
-			rec.items = append(rec.items, item{snap: f.Snapshot, step: f.Snapshot.Stamp.Step, at: f.Snapshot.Stamp.At})
+			rec.epochs[len(rec.epochs)-1].h.AddSnapshot(f.Snapshot)
+			rec.n++
 		case protocol.FrameEvents:
 			if view == nil {
 				return nil, fmt.Errorf("record: line %d: events before any snapshot", line)
@@ -213,31 +215,23 @@ func Load(r io.Reader) (*Recording, error) {
 				if err := view.Apply(ev); err != nil {
 					return nil, fmt.Errorf("record: line %d: %w", line, err)
 				}
-				st := ev.When()
-				rec.items = append(rec.items, item{ev: ev, step: st.Step, at: st.At})
 			}
+			rec.epochs[len(rec.epochs)-1].h.AddEvents(f.Events)
+			rec.n += len(f.Events)
 		case protocol.FrameDropped:
 			rec.Dropped += f.Dropped.Count
 		case protocol.FrameStatus, protocol.FrameError:
 		}
 	}
-	if len(rec.items) == 0 {
+	if rec.n == 0 {
 		return nil, fmt.Errorf("record: the recording holds no snapshot")
 	}
-	if last := rec.epochs[len(rec.epochs)-1]; last.start == len(rec.items) {
+	if last := rec.epochs[len(rec.epochs)-1]; last.h.Len() == 0 {
 		rec.epochs = rec.epochs[:len(rec.epochs)-1] // a hello with nothing after it
 	}
 	for i := range rec.epochs {
-		end := len(rec.items)
-		if i+1 < len(rec.epochs) {
-			end = rec.epochs[i+1].start
-		}
 		e := &rec.epochs[i]
-		e.end = end
-		e.first, e.last = rec.items[e.start].step, rec.items[end-1].step
-		for k := e.start; k < end; k++ {
-			rec.items[k].epoch = i
-		}
+		e.first, e.last, _ = e.h.Steps()
 	}
 	return rec, nil
 }
@@ -288,10 +282,11 @@ func Open(path string) (*Recording, error) {
 	return rec, nil
 }
 
-// Recording is a loaded recording: snapshots and events in order, in one or more epochs.
+// Recording is a loaded recording: snapshots and events in order, in one or more epochs,
+// each held as the unbounded feed.History the player walks and seeks in.
 type Recording struct {
-	items  []item
 	epochs []epochSpan
+	n      int // items in all
 	// Dropped is how many events the recording dashboard lost (the snapshot after each loss
 	// is in the recording).
 	Dropped uint64
@@ -307,10 +302,19 @@ type item struct {
 	epoch int
 }
 
-// epochSpan is one epoch: items [start, end), steps first to last.
+// epochSpan is one epoch: its history, the index of its first item in the recording, and
+// its steps, first to last.
 type epochSpan struct {
-	start, end  int
+	h           *feed.History
+	start       int
 	first, last uint64
+}
+
+// at returns the recording's item i, in whichever epoch it is.
+func (rec *Recording) at(i int) item {
+	k := sort.Search(len(rec.epochs), func(k int) bool { return rec.epochs[k].start > i }) - 1
+	e := rec.epochs[k].h.At(i - rec.epochs[k].start)
+	return item{snap: e.Snapshot, ev: e.Event, step: e.Stamp.Step, at: e.Stamp.At, epoch: k}
 }
 
 // Epoch is a stretch of a recording with steps of its own: from a connection's first
@@ -331,7 +335,7 @@ func (rec *Recording) Epochs() []Epoch {
 // Steps returns the first and last step numbers the recording covers: those of its first
 // item and its last, in different epochs when it has several.
 func (rec *Recording) Steps() (first, last uint64) {
-	return rec.items[0].step, rec.items[len(rec.items)-1].step
+	return rec.epochs[0].first, rec.epochs[len(rec.epochs)-1].last
 }
 
 // Find returns the epoch in which to seek step: prefer, when it covers the step, else the
@@ -356,35 +360,14 @@ func (rec *Recording) StateAt(step uint64) (*engine.View, int, error) {
 }
 
 // StateIn returns the state after everything recorded in epoch e up to and including step:
-// the epoch's last snapshot at or before it with the events after it applied, and the
-// index of the next item. It is how a player seeks.
+// the epoch's last snapshot at or before it with the events after it applied
+// (feed.History.StateAt, as the dashboard's rewind), and the index of the next item. It is
+// how a player seeks.
 func (rec *Recording) StateIn(e int, step uint64) (*engine.View, int, error) {
 	if e < 0 || e >= len(rec.epochs) {
 		return nil, 0, fmt.Errorf("record: no epoch %d (the recording has %d)", e, len(rec.epochs))
 	}
 	span := rec.epochs[e]
-	start := span.start
-	for i := span.start; i < span.end; i++ {
-		if it := rec.items[i]; it.snap != nil && it.step <= step {
-			start = i
-		}
-	}
-	v, err := engine.NewView(*rec.items[start].snap)
-	if err != nil {
-		return nil, 0, err
-	}
-	i := start + 1
-	for ; i < span.end && rec.items[i].step <= step; i++ {
-		it := rec.items[i]
-		if it.snap != nil {
-			if v, err = engine.NewView(*it.snap); err != nil {
-				return nil, 0, err
-			}
-			continue
-		}
-		if err := v.Apply(it.ev); err != nil {
-			return nil, 0, err
-		}
-	}
-	return v, i, nil
+	v, next, err := span.h.StateAt(step)
+	return v, span.start + next, err
 }

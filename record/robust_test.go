@@ -84,7 +84,7 @@ func TestTruncatedRecordingKeepsWhatCameBefore(t *testing.T) {
 		if !strings.Contains(rec.Truncated, "line "+strconv.Itoa(lines+1)+" ") {
 			t.Errorf("Load of %d bytes: Truncated = %q, want it to name line %d", cut, rec.Truncated, lines+1)
 		}
-		if len(rec.items) > len(full.items) {
+		if rec.n > full.n {
 			t.Fatalf("a cut recording has more items than the whole")
 		}
 		_, last := rec.Steps()
@@ -101,8 +101,8 @@ func TestTruncatedRecordingKeepsWhatCameBefore(t *testing.T) {
 	}
 	// A complete last line without its newline is a whole frame, not a cut one.
 	rec, err := Load(bytes.NewReader(bytes.TrimRight(data, "\n")))
-	if err != nil || rec.Truncated != "" || len(rec.items) != len(full.items) {
-		t.Errorf("Load without the final newline: %v, Truncated %q, %d items (want %d)", err, rec.Truncated, len(rec.items), len(full.items))
+	if err != nil || rec.Truncated != "" || rec.n != full.n {
+		t.Errorf("Load without the final newline: %v, Truncated %q, %d items (want %d)", err, rec.Truncated, rec.n, full.n)
 	}
 }
 

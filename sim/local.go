@@ -5,8 +5,6 @@ import (
 	"time"
 
 	"github.com/kvtop/kvtop/engine"
-	"github.com/kvtop/kvtop/engine/pages"
-	"github.com/kvtop/kvtop/engine/prepare"
 )
 
 // engineCalls makes the router's calls directly on an engine, at a given engine time. It
@@ -26,12 +24,8 @@ func (c *engineCalls) StartGenerate(id string, begin int) error {
 func (c *engineCalls) Abort(id string) error { return c.e.Abort(c.now, id) }
 
 func (c *engineCalls) WriteKV(id, metadata string, offset, n int) error {
-	slots, err := SlotsOf(metadata, offset, n)
-	if err != nil {
-		return fmt.Errorf("sim: kv for %s: %w", id, err)
-	}
 	cfg := c.e.Config()
-	size := len(slots) * cfg.Arena.TokenBytes() * cfg.Models
+	size := n * cfg.Arena.TokenBytes() * cfg.Models
 	if cap(c.buf) < size {
 		c.buf = make([]byte, size)
 	}
@@ -39,25 +33,12 @@ func (c *engineCalls) WriteKV(id, metadata string, offset, n int) error {
 	for i := range payload {
 		payload[i] = byte(i)
 	}
-	_, err = c.e.ReceiveKV(c.now, slots, payload)
-	return err
-}
-
-// SlotsOf returns model 0's slots [offset, offset+n) of a kv_append_metadata string.
-func SlotsOf(metadata string, offset, n int) ([]int64, error) {
-	arr, err := prepare.Decode(metadata)
-	if err != nil {
-		return nil, err
+	// The engine finds the request by its metadata and the slots in its own reservation:
+	// nothing here decodes the metadata or writes the slots out.
+	if _, err := c.e.WriteKV(c.now, engine.KVWrite{Metadata: metadata, Offset: offset, Tokens: n, Payload: payload}); err != nil {
+		return fmt.Errorf("sim: kv for %s: %w", id, err)
 	}
-	md, err := prepare.Split(arr)
-	if err != nil {
-		return nil, err
-	}
-	all := pages.Expand(nil, md[0])
-	if offset < 0 || n < 0 || offset+n > len(all) {
-		return nil, fmt.Errorf("tokens [%d, %d) outside the %d reserved", offset, offset+n, len(all))
-	}
-	return all[offset : offset+n], nil
+	return nil
 }
 
 // Hook runs a driver in step with a runner's engine: before each step it makes the calls

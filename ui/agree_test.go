@@ -109,7 +109,8 @@ func newAgreement(t *testing.T, sc sim.Scenario) *agreement {
 	sub := r.Local()
 	m := New(sub, Options{Name: sc.Name})
 	m.Update(sizeMsg(200, 60))
-	m.Update(keyMsg("2")) // the pages panel, with its legend
+	m.Update(keyMsg("2")) // the pages panel, with its legend, zoomed from the overview
+	m.Update(keyMsg("z"))
 	t.Cleanup(func() {
 		srv.Close()
 		cancel()

@@ -20,12 +20,14 @@
 // # What is on the screen
 //
 // A three-line header (instance, link, step and rate, hazards, badges; pages used and free;
-// requests by state), a tab bar, one of six panels, and a footer. The panels: requests (one
-// row a request, stuck ones first), pages (every page of the KV cache as a cell), prefix
-// (the radix tree), segments (the kv_append_metadata answers), events (the log) and detail
-// (one request: why it is stuck, with the admission test's numbers). From 150 columns the
-// requests and detail panels have the page map beside them, marking the selected request's
-// pages.
+// requests by state), a tab bar, the body and a footer. The panels: requests (one row a
+// request, stuck ones first), pages (every page of the KV cache as a cell), prefix (the radix
+// tree), segments (the kv_append_metadata answers), events (the log, routine steps folded),
+// detail (one request: why it is stuck, with the admission test's numbers) and charts (the
+// history of the last steps). From 160×45 the body is the overview, several panels in boxes
+// at once (layout.go), tab moving the focus and z zooming; below it, one panel at a time,
+// with the page map beside the requests and the detail from 150 columns. The mouse
+// (Options.Mouse) focuses, selects and seeks where it clicks (mouse.go).
 //
 // # Data flow
 //
@@ -39,18 +41,31 @@
 // changed since, in Update, never in View; each panel caches its text by the data's
 // version, its size and its selection, and the page map joins pre-rendered cell strings.
 //
+// Folding also keeps the update in a bounded feed.History (Options.History: the last
+// 10,000 steps or 64 MB), checkpointed with a snapshot of the live View when the history
+// asks, and takes one sample a step for the charts (series.go) from the step summary,
+// whose counts the engine derives (engine/derive.go): the dashboard derives nothing itself.
+//
 // Pausing (p) freezes what is drawn: the View is copied, the source is still read and
 // folded into the live View (nothing backs up), and the header counts what arrived. With
 // Options.Control the engine is paused too, and n steps it once, the frozen view following.
 //
+// Rewinding ([ ] { } :, the charts) draws the state at a past step instead (rewind.go): the
+// History rebuilds it (StateAt, the code the replay player seeks with) into a world of its
+// own, which every panel draws as it draws the live one, while the live View goes on
+// folding. R writes the History and every later update to a Recorder (recording.go).
+//
 // # Concurrency
 //
 // The model runs on the Bubble Tea goroutine; the wait command and controls run on
-// command goroutines and only touch the Source, which must be safe for that.
+// command goroutines and only touch the Source, which must be safe for that. A recording
+// writes on a goroutine of its own, from a queue the model appends to without waiting.
 //
 // # Imports
 //
-// ui imports engine and feed (for their value types) and never wire, engine/runner or net:
-// Source is its own small interface, which the runner's Local, the wire client and the
-// replay player satisfy without ui knowing them.
+// ui imports engine and feed (for their value types, and feed.History) and never wire,
+// engine/runner, record or net: Source is its own small interface, which the runner's
+// Local, the wire client and the replay player satisfy without ui knowing them, and
+// Recorder another, which record.Recorder satisfies (record writes the stream's frames,
+// through wire/protocol, which ui must not reach).
 package ui

@@ -15,10 +15,13 @@ type eventLog struct {
 	total uint64 // events ever pushed; an entry's number is its place in this count
 }
 
+// logEntry is an engine event, or (ev nil) a note of the dashboard's own: a view that
+// diverged, events lost, a snapshot started over from. bad marks the notes of trouble.
 type logEntry struct {
 	num  uint64
 	ev   engine.Event
 	text string
+	bad  bool
 }
 
 // defaultLogSize bounds the event log; a long run does not grow.
@@ -28,9 +31,16 @@ func newEventLog(size int) *eventLog {
 	return &eventLog{buf: make([]logEntry, size)}
 }
 
-func (l *eventLog) push(ev engine.Event) {
+func (l *eventLog) push(ev engine.Event) { l.add(logEntry{ev: ev}) }
+
+// note adds a line of the dashboard's own at a step.
+func (l *eventLog) note(step uint64, text string, bad bool) {
+	l.add(logEntry{text: fmt.Sprintf("%6d  %-16s %s", step, "dashboard", text), bad: bad})
+}
+
+func (l *eventLog) add(e logEntry) {
 	l.total++
-	e := logEntry{num: l.total, ev: ev}
+	e.num = l.total
 	if l.n < len(l.buf) {
 		l.buf[(l.start+l.n)%len(l.buf)] = e
 		l.n++

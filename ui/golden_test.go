@@ -40,6 +40,26 @@ func TestGolden(t *testing.T) {
 		{name: "nocolor_requests", s: busy, w: 80, h: 24, noColr: true},
 		{name: "filter_prompt", s: watermark, w: 80, h: 24, keys: []string{"/", "r", "-", "3"}},
 		{name: "nocolor_seek_prompt", s: watermark, w: 80, h: 24, keys: []string{":", "4", "2"}, noColr: true},
+		// The overview from 160×45; below it, the tab layout.
+		{name: "overview_80x24", s: longRun, w: 80, h: 24},
+		{name: "overview_120x40", s: longRun, w: 120, h: 40},
+		{name: "overview_200x60", s: longRun, w: 200, h: 60},
+		{name: "overview_300x80", s: longRun, w: 300, h: 80},
+		{name: "overview_160x45_focus_events", s: longRun, w: 160, h: 45, keys: []string{"tab", "tab", "tab"}},
+		{name: "overview_200x60_zoomed_pages", s: longRun, w: 200, h: 60, keys: []string{"tab", "z"}},
+		{name: "overview_200x60_rewound", s: longRun, w: 200, h: 60, keys: []string{":", "1", "7", "5", "enter"}},
+		{name: "nocolor_overview_200x60", s: longRun, w: 200, h: 60, noColr: true},
+		// The charts alone.
+		{name: "charts_80x24", s: longRun, w: 80, h: 24, keys: []string{"7"}},
+		{name: "charts_120x40", s: longRun, w: 120, h: 40, keys: []string{"7"}},
+		{name: "charts_200x60", s: longRun, w: 200, h: 60, keys: []string{"7"}},
+		{name: "charts_300x80", s: longRun, w: 300, h: 80, keys: []string{"7"}},
+		{name: "charts_120x40_rewound", s: longRun, w: 120, h: 40, keys: []string{"7", "{", "[", "["}},
+		{name: "nocolor_charts_80x24", s: longRun, w: 80, h: 24, keys: []string{"7"}, noColr: true},
+		// The event log folded, all of it, by request.
+		{name: "events_folded", s: longRun, w: 120, h: 30, keys: []string{"5"}},
+		{name: "events_all", s: longRun, w: 120, h: 30, keys: []string{"5", "a"}},
+		{name: "events_by_request", s: busy, w: 120, h: 30, keys: []string{"5", "i"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, _ := feedModel(t, tc.s(t), Options{Name: "embedded", Control: true, NoColor: tc.noColr}, tc.w, tc.h)
@@ -63,6 +83,7 @@ func TestGolden(t *testing.T) {
 func TestNoColorGlyphs(t *testing.T) {
 	m, _ := feedModel(t, busy(t), Options{NoColor: true}, 200, 60)
 	m.Update(keyMsg("2"))
+	m.Update(keyMsg("z"))
 	out := ansi.Strip(m.View().Content)
 	seen := map[string]bool{}
 	for s := range numPageStates {

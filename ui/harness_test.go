@@ -2,6 +2,7 @@ package ui
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -69,6 +70,22 @@ type script struct {
 	events []engine.Event
 	meta   map[string]engine.MetadataEmitted
 	got    map[string]int // slots written so far, by request
+	// states, when set, records the engine at each step: its snapshot once the calls
+	// after the step are in, and how many events had come by then.
+	states map[uint64]stepState
+}
+
+// stepState is the engine at a step, as a script recorded it.
+type stepState struct {
+	snap engine.Snapshot
+	end  int // len(events)
+}
+
+// record notes the engine's state at its current step.
+func (s *script) record() {
+	if s.states != nil {
+		s.states[s.e.StepNumber()] = stepState{snap: s.e.Snapshot(), end: len(s.events)}
+	}
 }
 
 const t0 = 1_700_000_000_000
@@ -137,6 +154,7 @@ func (s *script) prep(id string, n, shared, maxTokens int) *script {
 
 func (s *script) step(n int) *script {
 	for range n {
+		s.record()
 		s.tick(10)
 		rd := s.e.Step(s.now())
 		s.collect(rd.Events)
@@ -290,4 +308,77 @@ func keyMsg(s string) tea.KeyPressMsg {
 	}
 	r := []rune(s)
 	return tea.KeyPressMsg{Code: r[0], Text: s}
+}
+
+// firstAdmitted returns the k-th of ids that has been admitted, "" if none.
+func firstAdmitted(s *script, ids []string, k int) string {
+	for _, id := range ids {
+		if _, ok := s.meta[id]; ok {
+			if k == 0 {
+				return id
+			}
+			k--
+		}
+	}
+	return ""
+}
+
+// longRun is a decode instance over 300 steps, for the history charts and the rewind: two
+// requests arrive every third step, their KV comes a step later and they start, decode a
+// few tokens and finish; from step 110 to 185 the prefill instance stops writing, so
+// prepared requests pile up awaiting KV until the watermark blocks the queue; at step 150
+// a prepared request is aborted (it leaks) and one is started before its KV (hazards);
+// then the writes resume and the backlog drains.
+//
+// It is built once and shared: the tests only read it.
+func longRun(tb testing.TB) *script {
+	tb.Helper()
+	longRunOnce.Do(func() { longRunScript = buildLongRun(tb) })
+	if longRunScript == nil {
+		tb.Fatal("the long run did not build")
+	}
+	return longRunScript
+}
+
+var (
+	longRunOnce   sync.Once
+	longRunScript *script
+)
+
+func buildLongRun(tb testing.TB) *script {
+	s := newScript(tb, func(c *engine.Config) {
+		c.MaxTotalSequenceLength = 16384 // 1,025 pages
+		c.MaxRecycling = 8
+	})
+	s.states = map[uint64]stepState{}
+	n := 0
+	var prepared []string // admitted, KV not written yet
+	for step := 1; step <= 300; step++ {
+		if step%3 == 0 && step < 260 {
+			for range 2 {
+				n++
+				s.prep(fmt.Sprintf("l-%03d", n), 160+n%4*64, 20, 4+n%5)
+				prepared = append(prepared, fmt.Sprintf("l-%03d", n))
+			}
+		}
+		if step == 150 {
+			// The two oldest admitted: one aborted, one started before its KV.
+			aborted, started := firstAdmitted(s, prepared, 0), firstAdmitted(s, prepared, 1)
+			s.abort(aborted).start(started)
+			prepared = slices.DeleteFunc(prepared, func(id string) bool { return id == aborted || id == started })
+		}
+		stalled := step >= 110 && step < 185
+		var still []string
+		for _, id := range prepared {
+			if _, admitted := s.meta[id]; !admitted || stalled {
+				still = append(still, id)
+				continue
+			}
+			s.receive(id, 1, 1).start(id)
+		}
+		prepared = still
+		s.tick(40).step(1)
+	}
+	s.record()
+	return s
 }

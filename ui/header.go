@@ -21,6 +21,9 @@ type headerKey struct {
 	dropped    uint64
 	frozen     bool
 	behind     uint64
+	rewound    uint64 // the step drawn while rewound, and the live one
+	live       uint64
+	recording  string
 	diverged   bool
 	closed     bool
 	controllbl bool
@@ -31,7 +34,13 @@ type headerKey struct {
 func (m *Model) refreshHeader(w *world) {
 	k := headerKey{ver: w.ver, width: m.width, styleGen: m.styleGen, status: m.status, link: m.link,
 		dropped: m.dropped, frozen: m.frozen != nil, behind: m.behind, diverged: m.diverged != nil,
-		closed: m.closed, controllbl: m.controllable()}
+		closed: m.closed, controllbl: m.controllable(), live: m.liveStep()}
+	if m.rw != nil {
+		k.rewound = m.rw.step + 1
+	}
+	if m.rec != nil {
+		k.recording = m.rec.name
+	}
 	if k == m.headerKey && m.header != "" {
 		return
 	}
@@ -44,6 +53,9 @@ func (m *Model) refreshHeader(w *world) {
 	// rate, hazards.
 	var l1 strings.Builder
 	l1.WriteString(st.Title.Render("kvtop"))
+	if m.rw != nil {
+		l1.WriteString(" " + st.Frozen.Render(m.rewindBadge()))
+	}
 	if m.frozen != nil {
 		badge := " PAUSED "
 		if m.behind > 0 {
@@ -56,6 +68,9 @@ func (m *Model) refreshHeader(w *world) {
 	}
 	if m.closed {
 		l1.WriteString(" " + st.Bad.Render("source ended"))
+	}
+	if m.rec != nil {
+		l1.WriteString(" " + st.Bad.Render(m.recordBadge()))
 	}
 	l1.WriteString(" " + st.Value.Render(m.name()) + " ")
 	l1.WriteString(m.linkText())

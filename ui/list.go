@@ -3,6 +3,7 @@ package ui
 import (
 	"regexp"
 	"strings"
+	"unicode/utf8"
 
 	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
@@ -89,15 +90,22 @@ func (c *cursor) clamp(n, h int) {
 	c.top = min(max(c.top, 0), max(n-h, 0))
 }
 
-// width is ansi.StringWidth with a fast path for ASCII (escape sequences included), which
-// most table cells are: grapheme clustering costs a microsecond a cell.
+// width is ansi.StringWidth with a fast path for ASCII (escape sequences included) and for
+// the one-column symbols the dashboard draws with (box drawing, blocks, geometric shapes,
+// braille, arrows, dashes), which most cells and chart lines are: grapheme clustering costs
+// a microsecond a cell.
 func width(s string) int {
 	n := 0
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
 		case c >= 0x80:
-			return ansi.StringWidth(s)
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if !narrow(r) {
+				return ansi.StringWidth(s)
+			}
+			n++
+			i += size - 1
 		case c == 0x1b && i+1 < len(s) && s[i+1] == '[':
 			// CSI: parameters and intermediates up to a final byte in 0x40–0x7e.
 			i += 2
@@ -111,6 +119,25 @@ func width(s string) int {
 		}
 	}
 	return n
+}
+
+// narrow says whether a rune is one of the symbols width counts as one column by itself:
+// each one that ansi.StringWidth measures as one column on its own and that combines with
+// nothing.
+func narrow(r rune) bool {
+	switch {
+	case r == 0xb7: // ·
+		return true
+	case r >= 0x2010 && r <= 0x2027: // dashes, quotes, bullets, …
+		return true
+	case r >= 0x2190 && r <= 0x21ff: // arrows
+		return true
+	case r >= 0x2500 && r <= 0x25fc: // box drawing, blocks, geometric shapes
+		return true
+	case r >= 0x2800 && r <= 0x28ff: // braille
+		return true
+	}
+	return false
 }
 
 // pad cuts or pads plain text to exactly w columns.

@@ -13,12 +13,13 @@ import (
 	"charm.land/lipgloss/v2"
 	"github.com/charmbracelet/colorprofile"
 	"github.com/charmbracelet/x/ansi"
+	"github.com/dustin/go-humanize"
 
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/feed"
 )
 
-// panelID names a panel; the number keys 1…6 select them in this order.
+// panelID names a panel; the number keys 1…7 select them in this order.
 type panelID int
 
 const (
@@ -28,10 +29,11 @@ const (
 	panelSegments
 	panelEvents
 	panelDetail
+	panelCharts
 	numPanels
 )
 
-var panelNames = [numPanels]string{"requests", "pages", "prefix", "segments", "events", "detail"}
+var panelNames = [numPanels]string{"requests", "pages", "prefix", "segments", "events", "detail", "charts"}
 
 // Messages.
 type (
@@ -71,6 +73,14 @@ type Model struct {
 	live   *world
 	frozen *world // set while paused: what is drawn
 
+	// hist is what the dashboard received, bounded, to rewind through; series the history
+	// charts' samples, one a step; rw the rewound view, while there is one (rewind.go).
+	hist   *feed.History
+	series *series
+	rw     *rewound
+	rec    *recording // R: a recording under way
+	epoch  uint64     // of the history: the source's connection it came over (feed.Update.Epoch)
+
 	status     feed.Status
 	haveStatus bool
 	link       feed.Link
@@ -82,7 +92,9 @@ type Model struct {
 
 	width, height int
 	active        panelID
-	back          panelID
+	back          panelID // where esc goes from the detail
+	focus         panelID // the overview's panel last focused
+	zoomed        bool    // the overview's focused panel is shown alone
 	showHelp      bool
 	filterInput   textinput.Model // focused while the filter is typed
 	seekInput     textinput.Model // focused while a step to go to is typed (replay)
@@ -95,8 +107,10 @@ type Model struct {
 	segments segmentsPanel
 	events   eventsPanel
 	detail   detailPanel
+	charts   chartsPanel
 	help     help.Model
 
+	boxes      [numPanels]boxCache
 	header     string
 	headerKey  headerKey
 	parts      frameParts
@@ -129,7 +143,13 @@ func New(src Source, opts Options) *Model {
 		filterInput: newPrompt("/", 0),
 		seekInput:   newPrompt("go to step: ", seekLimit),
 	}
+	if opts.History == (feed.HistoryLimits{}) {
+		opts.History = feed.DefaultHistoryLimits
+	}
+	m.opts = opts
 	m.live = &world{events: newEventLog(opts.EventLog)}
+	m.hist = feed.NewHistory(opts.History)
+	m.series = newSeries(seriesCap(opts.History))
 	m.setStyles()
 	m.refresh()
 	return m
@@ -187,6 +207,10 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	case linkTickMsg:
 		m.link = m.src.Link()
 		cmd = linkTick()
+	case seekMsg:
+		m.rewindTo(msg.step)
+	case recordDoneMsg:
+		m.recorded(msg)
 	case controlDoneMsg:
 		if msg.err != nil {
 			m.setMessage(fmt.Sprintf("%s refused: %v", msg.c.Op, msg.err), true)
@@ -195,12 +219,10 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		cmd = m.onKey(msg)
 	case tea.PasteMsg:
 		cmd = m.onPaste(msg)
+	case tea.MouseClickMsg:
+		cmd = m.onClick(msg)
 	case tea.MouseWheelMsg:
-		k := tea.KeyPressMsg{Code: tea.KeyDown}
-		if msg.Button == tea.MouseWheelUp {
-			k = tea.KeyPressMsg{Code: tea.KeyUp}
-		}
-		cmd = m.toPanel(k)
+		cmd = m.onWheel(msg)
 	}
 	m.refresh()
 	return m, cmd
@@ -232,8 +254,12 @@ func (m *Model) controllable() bool {
 	return m.opts.Control && (!m.haveStatus || m.status.Controllable)
 }
 
-// drawn returns the world the panels draw: the frozen one while paused.
+// drawn returns the world the panels draw: the rewound one while rewound, the frozen one
+// while paused.
 func (m *Model) drawn() *world {
+	if m.rw != nil {
+		return m.rw.w
+	}
 	if m.frozen != nil {
 		return m.frozen
 	}
@@ -245,8 +271,9 @@ func (m *Model) touch(w *world) {
 	w.ver = m.clock
 }
 
-// fold applies an update to the live world. An event that does not fit the view means the
-// view missed something: it stops applying events and asks the source for a snapshot.
+// fold applies an update to the live world, and keeps it in the rewind history and the
+// charts' series. An event that does not fit the view means the view missed something: it
+// stops applying events (and keeping them) and asks the source for a snapshot.
 func (m *Model) fold(u feed.Update) tea.Cmd {
 	if m.opts.OnUpdate != nil {
 		m.opts.OnUpdate(u)
@@ -255,23 +282,41 @@ func (m *Model) fold(u feed.Update) tea.Cmd {
 	if u.Status != nil {
 		m.status, m.haveStatus = *u.Status, true
 	}
-	m.dropped = max(m.dropped, u.Dropped)
 	w := m.live
+	if u.Dropped > m.dropped {
+		w.events.note(m.liveStep(), fmt.Sprintf("%s events lost: the dashboard fell behind its source, which sends a snapshot instead",
+			humanize.Comma(int64(u.Dropped-m.dropped))), true)
+		m.dropped = u.Dropped
+	}
 	changed := false
 	if u.Snapshot != nil {
 		v, err := engine.NewView(*u.Snapshot)
 		if err != nil {
 			m.diverged = err
+			w.events.note(u.Snapshot.Stamp.Step, "a snapshot that does not load: "+err.Error()+"; another was asked for", true)
 			cmd = m.control(feed.Control{Op: feed.ControlSnapshot})
 		} else {
+			if w.view != nil {
+				w.events.note(u.Snapshot.Stamp.Step, fmt.Sprintf("a fresh snapshot: the view starts over at step %s", humanize.Comma(int64(u.Snapshot.Stamp.Step))), false)
+			}
 			w.view, m.diverged = v, nil
 			m.clock++
 			w.prefixVer, w.pageVer, w.viewPages = m.clock, m.clock, v.PagesVersion()
+			if _, last, ok := m.hist.Steps(); ok && (u.Epoch != m.epoch || u.Snapshot.Stamp.Step < last) {
+				// A new connection (perhaps to a restarted server), or steps that went
+				// back: perhaps another run of the engine, whose past is not this one's.
+				m.hist.Reset()
+				m.series.reset()
+				m.rw = nil
+			}
+			m.epoch = u.Epoch
+			m.hist.AddSnapshot(u.Snapshot)
 		}
 		changed = true
 	}
 	stepped := false
-	for _, ev := range u.Events {
+	kept := 0 // the events that applied, in order, from the first: those the history keeps
+	for i, ev := range u.Events {
 		w.events.push(ev)
 		switch ev.(type) {
 		case engine.PrefixMatched, engine.PrefixChanged:
@@ -285,8 +330,25 @@ func (m *Model) fold(u feed.Update) tea.Cmd {
 		}
 		if err := w.view.Apply(ev); err != nil {
 			m.diverged = err
+			w.events.note(ev.When().Step, "the view diverged: "+err.Error()+"; a fresh snapshot was asked for", true)
 			cmd = m.control(feed.Control{Op: feed.ControlSnapshot})
+			continue
 		}
+		kept = i + 1
+		if sc, ok := ev.(engine.StepCompleted); ok {
+			m.series.push(w.view, sc)
+		}
+	}
+	m.hist.AddEvents(u.Events[:kept])
+	if m.rec != nil {
+		// What the history keeps: a recording of it replays.
+		r := u
+		r.Events = u.Events[:kept]
+		m.rec.push(r)
+	}
+	if m.hist.Due() && m.diverged == nil {
+		s := w.view.Snapshot()
+		m.hist.AddSnapshot(&s)
 	}
 	if w.view != nil && w.view.PagesVersion() != w.viewPages {
 		m.clock++
@@ -371,9 +433,26 @@ func (m *Model) onKey(k tea.KeyPressMsg) tea.Cmd {
 	case key.Matches(k, m.keys.Help):
 		m.showHelp = true
 	case key.Matches(k, m.keys.NextPanel):
-		m.setActive((m.active + 1) % numPanels)
+		m.cycle(1)
 	case key.Matches(k, m.keys.PrevPanel):
-		m.setActive((m.active + numPanels - 1) % numPanels)
+		m.cycle(-1)
+	case key.Matches(k, m.keys.Zoom):
+		m.zoom()
+	case key.Matches(k, m.keys.StepBack):
+		m.rewindBy(-1)
+	case key.Matches(k, m.keys.StepForward):
+		m.rewindBy(1)
+	case key.Matches(k, m.keys.JumpBack):
+		m.rewindBy(-rewindStep)
+	case key.Matches(k, m.keys.JumpForward):
+		m.rewindBy(rewindStep)
+	case key.Matches(k, m.keys.Record):
+		return m.toggleRecording()
+	case key.Matches(k, m.keys.Live):
+		if m.rw == nil {
+			m.setMessage("the view is live already", false)
+		}
+		m.goLive()
 	case key.Matches(k, m.keys.Panel[:]...):
 		for i, b := range m.keys.Panel {
 			if key.Matches(k, b) {
@@ -427,6 +506,8 @@ func (m *Model) onKey(k tea.KeyPressMsg) tea.Cmd {
 		switch {
 		case m.active == panelDetail:
 			m.setActive(m.back)
+		case m.fitsOverview() && !inOverview(m.active):
+			m.setActive(m.focus)
 		case m.active == panelRequests && m.requests.filter.text != "":
 			m.requests = m.requests.setFilter(filterSpec{})
 		case m.active == panelEvents && m.events.filter.text != "":
@@ -461,8 +542,7 @@ func (m *Model) enter(k tea.KeyPressMsg) tea.Cmd {
 		return nil
 	}
 	m.requests = m.requests.selectID(id)
-	m.back = m.active
-	m.active = panelDetail
+	m.setActive(panelDetail)
 	m.detail = m.detail.open(id)
 	return nil
 }
@@ -472,7 +552,43 @@ func (m *Model) setActive(p panelID) {
 		m.back = m.active
 		m.detail = m.detail.open(m.requests.selected())
 	}
+	if inOverview(m.active) {
+		m.focus = m.active
+	}
 	m.active = p
+}
+
+// cycle moves the focus d panels on: through the overview's boxes when it is shown, through
+// every panel otherwise.
+func (m *Model) cycle(d int) {
+	if !m.overview() {
+		m.setActive(panelID((int(m.active) + d + int(numPanels)) % int(numPanels)))
+		return
+	}
+	for i, p := range overviewPanels {
+		if p == m.active {
+			n := len(overviewPanels)
+			m.setActive(overviewPanels[(i+d+n)%n])
+			return
+		}
+	}
+}
+
+// zoom shows the overview's focused panel alone, or the overview again.
+func (m *Model) zoom() {
+	switch {
+	case !m.fitsOverview():
+		m.setMessage(fmt.Sprintf("the overview needs %d×%d; this terminal is %d×%d", overviewWidth, overviewHeight, m.width, m.height), false)
+	case m.zoomed:
+		m.zoomed = false
+		if !inOverview(m.active) {
+			m.setActive(m.focus)
+		}
+	case !inOverview(m.active):
+		m.setActive(m.focus) // a panel the overview has no box for: back to the overview
+	default:
+		m.zoomed = true
+	}
 }
 
 // toPanel hands a key to the active panel.
@@ -491,6 +607,8 @@ func (m *Model) toPanel(k tea.Msg) tea.Cmd {
 		m.events, cmd = m.events.Update(k)
 	case panelDetail:
 		m.detail, cmd = m.detail.Update(k)
+	case panelCharts:
+		m.charts, cmd = m.charts.Update(k)
 	}
 	return cmd
 }
@@ -506,6 +624,12 @@ func (m *Model) seekKey(k tea.KeyPressMsg) tea.Cmd {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 {
 			m.setMessage(fmt.Sprintf("go to step: %q is not a step number", s), true)
+			return nil
+		}
+		// A step the rewind history holds is shown from it; another one is asked of the
+		// source (a recording played back seeks there; a live engine says it cannot).
+		if first, _, ok := m.hist.Steps(); ok && uint64(n) >= first && uint64(n) <= m.liveStep() {
+			m.rewindTo(uint64(n))
 			return nil
 		}
 		m.setMessage(fmt.Sprintf("going to step %d", n), false)
@@ -617,65 +741,85 @@ func (m *Model) step() tea.Cmd {
 	return m.control(feed.Control{Op: feed.ControlStep, N: 1})
 }
 
-// Layout.
-const headerLines = 3
-
-// wideWidth is the width from which the requests and detail panels show the page map
-// beside them.
-const wideWidth = 150
-
-func (m *Model) bodySize() (int, int) {
-	h := m.height - headerLines - 2 // tabs and footer
-	if m.diverged != nil {
-		h--
-	}
-	return max(m.width, 20), max(h, 1)
-}
-
-// split returns the widths of the main panel and the page map beside it (0: none).
-func (m *Model) split() (int, int) {
-	w, _ := m.bodySize()
-	if w < wideWidth || (m.active != panelRequests && m.active != panelDetail) || m.showHelp {
-		return w, 0
-	}
-	side := w * 2 / 5
-	return w - side - 1, side
-}
-
 // refresh hands the drawn world to the visible panels, lets them render what changed, and
 // composes the frame. Everything View returns is built here.
 func (m *Model) refresh() {
 	w := m.drawn()
-	bw, bh := m.bodySize()
-	mainW, sideW := m.split()
-	sel := m.requests.selected()
-	switch m.active {
-	case panelRequests:
-		m.requests = m.requests.with(w, m.st, m.styleGen).SetSize(mainW, bh).Refresh()
-		sel = m.requests.selected()
-	case panelPages:
-		m.pagemap = m.pagemap.with(w, m.st, m.styleGen, sel).SetSize(bw, bh).Refresh()
-	case panelPrefix:
-		m.prefix = m.prefix.with(w, m.st, m.styleGen).SetSize(bw, bh).Refresh()
-	case panelSegments:
-		m.segments = m.segments.with(w, m.st, m.styleGen).SetSize(bw, bh).Refresh()
-	case panelEvents:
-		m.events = m.events.with(w, m.st, m.styleGen).SetSize(bw, bh).Refresh()
-	case panelDetail:
-		m.detail = m.detail.with(w, m.st, m.styleGen).SetSize(mainW, bh).Refresh()
-		sel = m.detail.id
-	}
-	if sideW > 0 {
-		m.pagemap = m.pagemap.with(w, m.st, m.styleGen, sel).SetSize(sideW, bh).Refresh()
+	if m.overview() {
+		for _, b := range m.overviewBoxes() {
+			in := b.r.inner()
+			m.refreshPanel(b.id, w, in.w, in.h)
+		}
+	} else {
+		_, bh := m.bodySize()
+		mainW, sideW := m.split()
+		m.refreshPanel(m.active, w, mainW, bh)
+		if sideW > 0 {
+			m.refreshPanel(panelPages, w, sideW, bh)
+		}
 	}
 	m.refreshHeader(w)
 	m.compose()
 }
 
+// refreshPanel hands a panel the world and its size, and lets it render what changed. The
+// page map marks the selected request's pages: the requests panel, when shown, refreshes
+// first.
+func (m *Model) refreshPanel(id panelID, w *world, width, height int) {
+	sel := m.requests.selected()
+	if m.active == panelDetail {
+		sel = m.detail.id
+	}
+	switch id {
+	case panelRequests:
+		m.requests = m.requests.with(w, m.st, m.styleGen).SetSize(width, height).Refresh()
+	case panelPages:
+		m.pagemap = m.pagemap.with(w, m.st, m.styleGen, sel).SetSize(width, height).Refresh()
+	case panelPrefix:
+		m.prefix = m.prefix.with(w, m.st, m.styleGen).SetSize(width, height).Refresh()
+	case panelSegments:
+		m.segments = m.segments.with(w, m.st, m.styleGen).SetSize(width, height).Refresh()
+	case panelEvents:
+		m.events = m.events.with(w, m.st, m.styleGen).SetSize(width, height).Refresh()
+	case panelDetail:
+		m.detail = m.detail.with(w, m.st, m.styleGen).SetSize(width, height).Refresh()
+	case panelCharts:
+		mark := int64(-1)
+		if m.rw != nil {
+			mark = int64(m.rw.step)
+		}
+		m.charts = m.charts.with(m.series, m.st, m.styleGen, mark, heldFrom(m.hist)).SetSize(width, height).Refresh()
+	}
+}
+
+// panelView returns a panel's rendered text.
+func (m *Model) panelView(id panelID) string {
+	switch id {
+	case panelRequests:
+		return m.requests.View()
+	case panelPages:
+		return m.pagemap.View()
+	case panelPrefix:
+		return m.prefix.View()
+	case panelSegments:
+		return m.segments.View()
+	case panelEvents:
+		return m.events.View()
+	case panelDetail:
+		return m.detail.View()
+	case panelCharts:
+		return m.charts.View()
+	}
+	return ""
+}
+
 // frameParts are what a frame is made of; a frame is rebuilt only when one changes.
 type frameParts struct {
-	header, banner, tabs, main, side, footer string
-	width, height, mainW                     int
+	header, banner, tabs, footer string
+	views                        [len(overviewPanels)]string // the overview's, or the main panel and the page map beside it
+	overview                     bool
+	active                       panelID
+	width, height, mainW         int
 }
 
 func (m *Model) compose() {
@@ -687,32 +831,30 @@ func (m *Model) compose() {
 	fp.tabs, fp.footer = m.chrome()
 	_, bh := m.bodySize()
 	mainW, sideW := m.split()
+	var boxes []box
 	switch {
 	case m.showHelp:
-		fp.main = m.helpView()
-	case m.active == panelRequests:
-		fp.main = m.requests.View()
-	case m.active == panelPages:
-		fp.main = m.pagemap.View()
-	case m.active == panelPrefix:
-		fp.main = m.prefix.View()
-	case m.active == panelSegments:
-		fp.main = m.segments.View()
-	case m.active == panelEvents:
-		fp.main = m.events.View()
-	case m.active == panelDetail:
-		fp.main = m.detail.View()
+		fp.views[0] = m.helpView()
+	case m.overview():
+		fp.overview = true
+		boxes = m.overviewBoxes()
+		for i, b := range boxes {
+			fp.views[i] = m.panelView(b.id)
+		}
+	default:
+		fp.views[0] = m.panelView(m.active)
+		if sideW > 0 {
+			fp.views[1] = m.pagemap.View()
+		}
 	}
-	if sideW > 0 {
-		fp.side = m.pagemap.View()
-	}
+	fp.active = m.active
 	fp.width, fp.height, fp.mainW = m.width, m.height, mainW
 	if fp == m.parts && m.frame != "" {
 		return
 	}
 	m.parts = fp
 	var b strings.Builder
-	b.Grow(len(fp.main) + len(fp.side) + 4<<10)
+	b.Grow(len(fp.header) + m.width*m.height*4)
 	b.WriteString(fp.header)
 	b.WriteByte('\n')
 	if fp.banner != "" {
@@ -721,11 +863,15 @@ func (m *Model) compose() {
 	}
 	b.WriteString(fp.tabs)
 	b.WriteByte('\n')
-	body := fp.main
-	if sideW > 0 {
-		body = besides(body, mainW, m.st.Dim.Render("│"), fp.side, bh)
+	if fp.overview {
+		m.composeOverview(&b, boxes, fp.views[:len(boxes)])
+	} else {
+		body := fp.views[0]
+		if sideW > 0 {
+			body = besides(body, mainW, m.st.Dim.Render("│"), fp.views[1], bh)
+		}
+		writeBlock(&b, body, bh)
 	}
-	writeBlock(&b, body, bh)
 	b.WriteString(fp.footer)
 	m.frame = b.String()
 	m.frames++
@@ -777,6 +923,7 @@ func besides(left string, lw int, sep, right string, h int) string {
 type chromeKey struct {
 	active          panelID
 	showHelp        bool
+	overview, fits  bool
 	width, styleGen int
 	filtering       bool
 	seeking         bool
@@ -788,7 +935,7 @@ type chromeKey struct {
 
 // chrome returns the tab bar and the footer, built again only when they change.
 func (m *Model) chrome() (string, string) {
-	k := chromeKey{active: m.active, showHelp: m.showHelp, width: m.width, styleGen: m.styleGen,
+	k := chromeKey{active: m.active, showHelp: m.showHelp, overview: m.overview(), fits: m.fitsOverview(), width: m.width, styleGen: m.styleGen,
 		filtering: m.filterInput.Focused(), seeking: m.seekInput.Focused(), message: m.message, messageErr: m.messageErr}
 	switch {
 	case k.filtering:
@@ -813,6 +960,14 @@ func (m *Model) tabs() string {
 			b.WriteString(m.st.Tab.Render(label))
 		}
 	}
+	switch {
+	case m.overview():
+		b.WriteString(m.st.Dim.Render("  overview · tab focus · z zooms"))
+	case m.fitsOverview() && inOverview(m.active):
+		b.WriteString(m.st.Dim.Render("  zoomed · z for the overview"))
+	case m.fitsOverview():
+		b.WriteString(m.st.Dim.Render("  esc for the overview"))
+	}
 	return fit(b.String(), m.width)
 }
 
@@ -829,7 +984,9 @@ func (m *Model) footer() string {
 		return fit(m.st.Footer.Render(m.message), m.width)
 	}
 	m.help.SetWidth(m.width)
-	return m.help.ShortHelpView(m.keys.ShortHelp())
+	// help adds every item past the width when its ellipsis does not fit there either:
+	// cut what it gives.
+	return fit(m.help.ShortHelpView(m.keys.ShortHelp()), m.width)
 }
 
 func (m *Model) helpView() string {
@@ -839,12 +996,18 @@ func (m *Model) helpView() string {
 	h := m.help
 	h.SetWidth(0)
 	h.FullSeparator = "   "
+	// As many groups side by side as the width takes, then the next row of them.
 	groups := m.keys.FullHelp()
-	keys := h.FullHelpView(groups)
-	if lipgloss.Width(keys) > m.width {
-		keys = h.FullHelpView(groups[:2]) + "\n\n" + h.FullHelpView(groups[2:])
+	var rows []string
+	for i := 0; i < len(groups); {
+		j := i + 1
+		for j < len(groups) && lipgloss.Width(h.FullHelpView(groups[i:j+1])) <= m.width {
+			j++
+		}
+		rows = append(rows, h.FullHelpView(groups[i:j]))
+		i = j
 	}
-	b.WriteString(keys)
+	b.WriteString(strings.Join(rows, "\n\n"))
 	b.WriteString("\n\n")
 	b.WriteString(m.st.Heading.Render("Page map"))
 	b.WriteString(" (enter on a page opens its owner)\n")
@@ -858,6 +1021,7 @@ func (m *Model) helpView() string {
 	b.WriteString("\na cell of several pages shows its most alarming state from awaiting KV on, else its most common\n\n")
 	b.WriteString(m.st.Heading.Render("Request rows"))
 	b.WriteString("  ! stuck (blocked, prepared past the age limit, or leaked)  * hazards\n")
+	b.WriteString("Charts: " + areaGlyph + " the area, " + lineGlyph + " the line through it, the watermark dashed; the scrubber: ─ held for rewind, ┄ no longer, ◆ the step drawn\n")
 	b.WriteString("Prefix tree: enter folds a node · Events: G follows the newest · esc or ? closes this help")
 	lines := strings.Split(b.String(), "\n")
 	for i, l := range lines {

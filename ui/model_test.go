@@ -20,7 +20,8 @@ func press(m *Model, keys ...string) {
 		if cmd == nil {
 			continue
 		}
-		if msg, ok := cmd().(controlDoneMsg); ok {
+		switch msg := cmd().(type) {
+		case controlDoneMsg, seekMsg:
 			m.Update(msg)
 		}
 	}
@@ -55,9 +56,11 @@ func TestPanelSwitching(t *testing.T) {
 	press(m, "tab", "tab", "tab", "tab")
 	want(panelDetail)
 	press(m, "tab")
+	want(panelCharts)
+	press(m, "tab")
 	want(panelRequests)
 	press(m, "shift+tab")
-	want(panelDetail)
+	want(panelCharts)
 	for i := range numPanels {
 		press(m, fmt.Sprint(int(i)+1))
 		want(i)
@@ -395,8 +398,19 @@ func TestPageMapMarksSelection(t *testing.T) {
 	}
 }
 
+// width agrees with ansi.StringWidth on the dashboard's text, its fast path's symbols
+// (each alone, and among other text) and what falls outside them.
 func TestWidth(t *testing.T) {
-	for _, s := range []string{"", "abc", "\x1b[1mab\x1b[0m c", "a·b", "\x1b[38;5;2m█\x1b[m", "r-37 blocked", "\x1b]8;;x\x07link"} {
+	cases := []string{"", "abc", "\x1b[1mab\x1b[0m c", "a·b", "\x1b[38;5;2m█\x1b[m", "r-37 blocked", "\x1b]8;;x\x07link",
+		"⣿⣷⠒ free", "╭─ 1 requests ─╮", "┏━━┓ ◆ ● ┄", "steps 238–246: decode ×9…", "日本", "e\u0301", "◽◾", "👍"}
+	for _, r := range [][2]rune{{0xa0, 0x2fff}} {
+		for c := r[0]; c <= r[1]; c++ {
+			if narrow(c) {
+				cases = append(cases, string(c), "x"+string(c)+"\x1b[1m"+string(c)+"y")
+			}
+		}
+	}
+	for _, s := range cases {
 		if got, want := width(s), ansi.StringWidth(s); got != want {
 			t.Errorf("width(%q) = %d, want %d", s, got, want)
 		}

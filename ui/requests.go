@@ -516,11 +516,11 @@ func (p requestsPanel) render() string {
 		b.WriteByte('\n')
 		switch {
 		case i == p.cur.pos:
-			b.WriteString(st.Cursor.Render(text))
+			paint(&b, st.cut.cursor, text)
 		case row.stuck:
-			b.WriteString(st.Stuck.Render(text))
+			paint(&b, st.cut.stuck, text)
 		case row.hazard:
-			b.WriteString(st.Hazardous.Render(text))
+			paint(&b, st.cut.hazardous, text)
 		default:
 			b.WriteString(text)
 		}

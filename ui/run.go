@@ -29,16 +29,24 @@ type Options struct {
 	// Light selects the styles for a light background before the terminal has told its
 	// colour (and where it never does).
 	Light bool
-	// Mouse turns the mouse wheel on for scrolling.
+	// Mouse turns the mouse on: clicks focus panels, select rows and pages, and seek on the
+	// charts; the wheel scrolls (mouse.go).
 	Mouse bool
 	// FPS caps how often data changes are drawn (default 25).
 	FPS int
 	// EventLog bounds the event log (default 2048 events).
 	EventLog int
+	// History bounds what the dashboard keeps to rewind through, and the history charts'
+	// span (the zero value: feed.DefaultHistoryLimits, the last 10,000 steps or 64 MB).
+	History feed.HistoryLimits
 	// OnUpdate, when set, is called with every update taken from the source, before it is
 	// folded into the view (for --record). It runs on the dashboard's goroutine: it must
 	// not block.
 	OnUpdate func(feed.Update)
+	// Record, when set, opens a recording when R is pressed, and names it for the header:
+	// the dashboard writes to it the history it holds, then every update it folds, until R
+	// again or the end. (The command opens a record.Recorder.)
+	Record func() (Recorder, string, error)
 }
 
 // Run runs the dashboard on the terminal (alternate screen) until the user quits, ctx is
@@ -56,6 +64,9 @@ func Run(ctx context.Context, src Source, opts Options) error {
 	popts = append(popts, tea.WithColorProfile(opts.Profile))
 	m := New(src, opts)
 	_, err := tea.NewProgram(m, popts...).Run()
+	if rerr := m.finishRecording(); err == nil {
+		err = rerr
+	}
 	if errors.Is(err, tea.ErrProgramKilled) && ctx.Err() != nil {
 		return ctx.Err()
 	}

@@ -124,9 +124,9 @@ func (p segmentsPanel) render() string {
 			e.ID, e.Seq, e.Step, e.PromptLength, e.Matched, total, len(e.Runs[0]), note)
 		b.WriteByte('\n')
 		if i == p.cur.pos {
-			b.WriteString(st.Cursor.Render(pad(head, p.width)))
+			paint(&b, st.cut.cursor, pad(head, p.width))
 		} else {
-			b.WriteString(st.Value.Render(fit(head, p.width)))
+			paint(&b, st.cut.value, fit(head, p.width))
 		}
 		// The string and what it decodes to.
 		dec := "?"

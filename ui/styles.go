@@ -2,6 +2,7 @@ package ui
 
 import (
 	"image/color"
+	"strings"
 
 	"charm.land/bubbles/v2/help"
 	"charm.land/bubbles/v2/textinput"
@@ -39,6 +40,14 @@ type Styles struct {
 	Fail      lipgloss.Style // the one that failed
 	Footer    lipgloss.Style
 	Error     lipgloss.Style
+	// Chart colours each chart's plot (by chartTone); Marker the step a rewound view draws,
+	// on the charts and the scrubber.
+	Chart  [numTones]lipgloss.Style
+	Marker lipgloss.Style
+	// Border draws the overview's boxes; Focus the focused one's, which is also drawn in
+	// heavy lines, so that it shows without colour.
+	Border lipgloss.Style
+	Focus  lipgloss.Style
 	// Cell styles a page of each state; CellMark a page of the selected request; CellCursor
 	// the page map's cursor.
 	Cell       [numPageStates]lipgloss.Style
@@ -48,6 +57,41 @@ type Styles struct {
 	Glyph  [numPageStates]string
 	Help   help.Styles
 	Prompt textinput.Styles // the filter and go-to-step prompts in the footer
+
+	// cut holds the styles the hottest loops paint with, cut around their text once
+	// (splitStyle): a frame paints a few hundred rows and chart lines, and Style.Render
+	// costs microseconds each. (Not Heading: Render underlines a text's words one by one.)
+	cut cutStyles
+}
+
+// cutStyles are styles cut by splitStyle, for paint.
+type cutStyles struct {
+	cursor, stuck, hazardous, dim, warn, bad, hazard, err, value, good, marker, border, focus cellParts
+	chart                                                                                     [numTones]cellParts
+}
+
+// cutAll cuts the styles the hot loops paint with.
+func (s *Styles) cutAll() {
+	c := func(st lipgloss.Style) cellParts { return splitStyle(st, "x") }
+	s.cut = cutStyles{
+		cursor: c(s.Cursor), stuck: c(s.Stuck), hazardous: c(s.Hazardous), dim: c(s.Dim), warn: c(s.Warn), bad: c(s.Bad),
+		hazard: c(s.Hazard), err: c(s.Error), value: c(s.Value), good: c(s.Good), marker: c(s.Marker),
+		border: c(s.Border), focus: c(s.Focus),
+	}
+	for i := range s.Chart {
+		s.cut.chart[i] = c(s.Chart[i])
+	}
+}
+
+// paint writes text of one line in a style cut by splitStyle: what the style's Render
+// writes, without its cost.
+func paint(b *strings.Builder, c cellParts, text string) {
+	if text == "" {
+		return
+	}
+	b.WriteString(c.open)
+	b.WriteString(text)
+	b.WriteString(c.close)
 }
 
 // glyphs are the page map's cells: distinct shapes, so the map reads without colour.
@@ -99,6 +143,19 @@ func DefaultStyles(isDark bool) Styles {
 		Help:      help.DefaultStyles(isDark),
 		Prompt:    promptStyles(base, base.Foreground(dim)),
 	}
+	for i, fg := range [numTones]color.Color{
+		toneGood:   ld(c("2"), c("10")),
+		toneWarn:   ld(c("3"), c("11")),
+		toneInfo:   ld(c("6"), c("14")),
+		toneCalm:   ld(c("4"), c("12")),
+		toneHazard: ld(c("5"), c("13")),
+		toneBad:    ld(c("1"), c("9")),
+	} {
+		s.Chart[i] = base.Foreground(fg)
+	}
+	s.Marker = base.Reverse(true).Bold(true)
+	s.Border = base.Foreground(dim)
+	s.Focus = base.Bold(true).Foreground(ld(c("5"), c("13")))
 	cell := [numPageStates]color.Color{
 		pgFree:      dim,
 		pgActive:    ld(c("2"), c("10")),
@@ -114,6 +171,7 @@ func DefaultStyles(isDark bool) Styles {
 		s.CellMark[i] = base.Foreground(fg).Reverse(true)
 		s.CellCursor[i] = base.Foreground(ld(c("0"), c("0"))).Background(ld(c("5"), c("13"))).Bold(true)
 	}
+	s.cutAll()
 	return s
 }
 
@@ -148,6 +206,12 @@ func PlainStyles() Styles {
 		Glyph:     glyphs,
 		Prompt:    promptStyles(base, base),
 	}
+	for i := range s.Chart {
+		s.Chart[i] = base
+	}
+	s.Marker = base.Reverse(true).Bold(true)
+	s.Border = base
+	s.Focus = base.Bold(true)
 	for i := range s.Cell {
 		s.Cell[i] = base
 		s.CellMark[i] = base.Reverse(true)
@@ -157,6 +221,7 @@ func PlainStyles() Styles {
 		Ellipsis: base, ShortKey: base.Bold(true), ShortDesc: base, ShortSeparator: base,
 		FullKey: base.Bold(true), FullDesc: base, FullSeparator: base,
 	}
+	s.cutAll()
 	return s
 }
 

@@ -28,6 +28,21 @@ import (
 // then carries the same mix: a Decoded of about n ids, arrivals, admissions, finishes.
 type steady struct {
 	n, live, next int
+	// reached, when set, is closed after the step numbered target (stepsOf).
+	target  uint64
+	reached chan struct{}
+}
+
+// stepsOf has a paused runner whose hook is h take n steps as fast as it can, and returns
+// once they are taken: the hook says so, so nothing polls the engine meanwhile.
+func stepsOf(r *runner.Runner, h *steady, n int) {
+	done := make(chan struct{})
+	r.Do(context.Background(), func(e *engine.Engine, _ time.Time) error {
+		h.target, h.reached = e.StepNumber()+uint64(n), done
+		return nil
+	})
+	r.Control(feed.Control{Op: feed.ControlStep, N: n})
+	<-done
 }
 
 func (h *steady) BeforeStep(e *engine.Engine, now time.Time) {
@@ -57,10 +72,20 @@ func (h *steady) AfterStep(e *engine.Engine, rd engine.Ready) {
 			h.live--
 		}
 	}
+	if h.reached != nil && e.StepNumber() >= h.target {
+		close(h.reached)
+		h.reached = nil
+	}
 }
 
 // busyEngine returns a paused runner whose engine keeps n requests decoding (steady).
 func busyEngine(b *testing.B, n int, rc runner.Config) (*runner.Runner, func()) {
+	r, _, stop := busyEngineHook(b, n, rc)
+	return r, stop
+}
+
+// busyEngineHook is busyEngine, with the hook.
+func busyEngineHook(b *testing.B, n int, rc runner.Config) (*runner.Runner, *steady, func()) {
 	b.Helper()
 	cfg := engine.DefaultConfig()
 	cfg.MaxTotalSequenceLength = 1 << 20
@@ -72,13 +97,12 @@ func busyEngine(b *testing.B, n int, rc runner.Config) (*runner.Runner, func()) 
 		b.Fatal(err)
 	}
 	rc.Clock, rc.StartPaused = time.Now, true
-	if n > 0 {
-		rc.Hook = &steady{n: n}
-	}
+	h := &steady{n: n}
+	rc.Hook = h
 	r := runner.New(e, rc)
 	ctx, cancel := context.WithCancel(context.Background())
 	go r.Run(ctx)
-	return r, func() { cancel(); <-r.Done() }
+	return r, h, func() { cancel(); <-r.Done() }
 }
 
 // eventLog returns n events of a busy engine's life: arrivals, admissions, metadata, KV,
@@ -115,80 +139,173 @@ func eventLog(b *testing.B, n int) []engine.Event {
 	return out[:n]
 }
 
-// batchSource is a stream source that always has a batch of events ready: it measures the wire
-// (encode, write, read, decode), not the engine.
-type batchSource struct {
-	sig   chan struct{}
-	snap  *engine.Snapshot
-	batch []engine.Event
-	first bool
+// logSource is a stream source that replays a real engine's life: a snapshot of the engine
+// as it started, then its events a batch at a time, and from the start again (the snapshot,
+// then the events) once they run out, so that a reader can fold them. It stays at most
+// window events ahead of the slowest reader, so that what is measured is delivery, not a
+// backlog that overflows and resyncs.
+type logSource struct {
+	sig     chan struct{}
+	start   *engine.Snapshot
+	log     []engine.Event
+	batch   int
+	next    int // the log's next event
+	sent    int // events handed out
+	first   bool
+	readers *streamReaders
 }
 
-func newBatchSource(snap *engine.Snapshot, batch []engine.Event) *batchSource {
-	f := &batchSource{sig: make(chan struct{}, 1), snap: snap, batch: batch, first: true}
-	f.sig <- struct{}{}
-	return f
+// streamReaders counts what each reader has received, and wakes the sources when they may
+// send more.
+type streamReaders struct {
+	window  int
+	mu      sync.Mutex
+	got     []int
+	sources []*logSource
 }
 
-func (f *batchSource) C() <-chan struct{} { return f.sig }
-func (f *batchSource) Resync()            {}
-func (f *batchSource) Close()             {}
-func (f *batchSource) Take() feed.Update {
+func (r *streamReaders) slowest() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := -1
+	for _, g := range r.got {
+		if m < 0 || g < m {
+			m = g
+		}
+	}
+	return m
+}
+
+func (r *streamReaders) add(i, n int) {
+	r.mu.Lock()
+	r.got[i] += n
+	srcs := r.sources
+	r.mu.Unlock()
+	for _, s := range srcs {
+		s.poke()
+	}
+}
+
+func (r *streamReaders) source(start *engine.Snapshot, log []engine.Event, batch int) *logSource {
+	s := &logSource{sig: make(chan struct{}, 1), start: start, log: log, batch: batch, first: true, readers: r}
+	r.mu.Lock()
+	r.sources = append(r.sources, s)
+	r.mu.Unlock()
+	s.poke()
+	return s
+}
+
+func (s *logSource) poke() {
 	select {
-	case f.sig <- struct{}{}:
+	case s.sig <- struct{}{}:
 	default:
 	}
-	if f.first {
-		f.first = false
-		return feed.Update{Snapshot: f.snap}
-	}
-	return feed.Update{Events: f.batch}
 }
 
-// BenchmarkStreamEvents is events delivered per second through the wire (encoded by the
-// server, written, read and decoded by Clients) to 1 and 8 clients on loopback, in batches
-// of 1 to 4096 events a frame. b.N events go to each client.
+func (s *logSource) C() <-chan struct{} { return s.sig }
+func (s *logSource) Resync()            {}
+func (s *logSource) Close()             {}
+func (s *logSource) Take() feed.Update {
+	if s.first {
+		s.first = false
+		s.poke()
+		return feed.Update{Snapshot: s.start}
+	}
+	if s.sent-s.readers.slowest() >= s.readers.window {
+		return feed.Update{} // a reader's progress pokes it again
+	}
+	var u feed.Update
+	if s.next == len(s.log) {
+		s.next = 0
+		u.Snapshot = s.start
+	}
+	u.Events = s.log[s.next : s.next+s.batch]
+	s.next += s.batch
+	s.sent += s.batch
+	s.poke()
+	return u
+}
+
+// BenchmarkStreamEvents is the events delivered to each client a second, through the whole
+// stream: a real engine's events (logSource) taken by the server, encoded, written, read,
+// decoded and taken from the Client by a reader, to 1 and 8 clients on loopback, in updates
+// of 1 to 4,096 events, each encoding. b.N updates go to every client; events/s is the
+// events every client got, together, a second of the run. consume=fold also folds every
+// event into a View, as a dashboard does.
 func BenchmarkStreamEvents(b *testing.B) {
-	log := eventLog(b, 4096)
 	e, _ := engine.New(engine.DefaultConfig())
-	snap := e.Snapshot()
+	start := e.Snapshot()
+	log := eventLog(b, 16384)
 	r, stop := busyEngine(b, 0, runner.Config{})
 	defer stop()
-	for _, clients := range []int{1, 8} {
-		for _, batch := range []int{1, 64, 1024, 4096} {
-			b.Run(fmt.Sprintf("clients=%d/batch=%d", clients, batch), func(b *testing.B) {
-				srv := NewServer(r, Options{})
-				srv.subscribe = func() source { return newBatchSource(&snap, log[:batch]) }
-				ts := httptest.NewServer(srv)
-				defer func() { srv.Close(); ts.Close() }()
-				cs := make([]*Client, clients)
-				for i := range cs {
-					c, err := Dial(context.Background(), ts.URL, ClientOptions{Backlog: 1 << 30})
-					if err != nil {
-						b.Fatal(err)
-					}
-					defer c.Close()
-					cs[i] = c
-				}
-				b.ResetTimer()
-				var wg sync.WaitGroup
-				for _, c := range cs {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						got := 0
-						for got < b.N {
-							<-c.C()
-							got += len(c.Take().Events)
-						}
-					}()
-				}
-				wg.Wait()
-				b.StopTimer()
-				b.ReportMetric(float64(clients*b.N)/b.Elapsed().Seconds(), "events/s")
-				b.ReportMetric(0, "ns/op")
-			})
+	type run struct {
+		enc            string
+		clients, batch int
+		fold           bool
+	}
+	var runs []run
+	for _, enc := range []string{"json", "binary"} {
+		for _, clients := range []int{1, 8} {
+			for _, batch := range []int{1, 64, 4096} {
+				runs = append(runs, run{enc, clients, batch, false})
+			}
 		}
+		runs = append(runs, run{enc, 1, 4096, true})
+	}
+	for _, rn := range runs {
+		consume := "take"
+		if rn.fold {
+			consume = "fold"
+		}
+		b.Run(fmt.Sprintf("enc=%s/clients=%d/batch=%d/consume=%s", rn.enc, rn.clients, rn.batch, consume), func(b *testing.B) {
+			readers := &streamReaders{window: 4 * max(rn.batch, 1024), got: make([]int, rn.clients)}
+			srv := NewServer(r, Options{})
+			srv.subscribe = func() source { return readers.source(&start, log, rn.batch) }
+			ts := httptest.NewServer(srv)
+			defer func() { srv.Close(); ts.Close() }()
+			cs := make([]*Client, rn.clients)
+			for i := range cs {
+				c, err := Dial(context.Background(), ts.URL, ClientOptions{Backlog: 1 << 30, JSONEvents: rn.enc == "json"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.Close()
+				cs[i] = c
+			}
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			var lost atomic.Uint64
+			for i, c := range cs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var v *engine.View
+					for got := 0; got < b.N*rn.batch; {
+						<-c.C()
+						u := c.Take()
+						if rn.fold {
+							if u.Snapshot != nil {
+								v, _ = engine.NewView(*u.Snapshot)
+							}
+							for _, ev := range u.Events {
+								if err := v.Apply(ev); err != nil {
+									b.Error(err)
+									return
+								}
+							}
+						}
+						got += len(u.Events)
+						readers.add(i, len(u.Events))
+						lost.Store(max(lost.Load(), u.Dropped))
+					}
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			b.ReportMetric(float64(rn.clients*b.N*rn.batch)/b.Elapsed().Seconds(), "events/s")
+			b.ReportMetric(float64(lost.Load()), "dropped")
+			b.ReportMetric(0, "ns/op")
+		})
 	}
 }
 
@@ -293,72 +410,106 @@ func tcpBytes(b *testing.B, msg []byte) {
 }
 
 // BenchmarkEngineSteps is the engine's steps per second, 256 requests decoding, with no
-// stream client and with 8 that read slowly (16 KiB every 5ms, so they fall behind, lose
-// their backlog and resync). ns/op is per step.
+// stream client and with 8 slow ones, in one run: two engines alike, one with no client
+// and one with 8 that each read a fixed 16 KiB every 10 ms (1.6 MB/s, through a 16 KiB
+// socket buffer: a fraction of what the engine makes, so they fall behind, lose their
+// backlog and resync over and over), stepped in turns of 500 steps each, so that both see
+// the same machine. It reports each one's steps/s, their ratio, and what the slow clients went
+// through: drop notices and snapshots a client, and the events each lost.
 func BenchmarkEngineSteps(b *testing.B) {
-	for _, slow := range []int{0, 8} {
-		b.Run(fmt.Sprintf("slow_clients=%d", slow), func(b *testing.B) {
-			r, stop := busyEngine(b, 256, runner.Config{Backlog: 4096})
-			defer stop()
-			srv := NewServer(r, Options{})
-			ts := httptest.NewServer(srv)
-			defer func() { srv.Close(); ts.Close() }()
-			var wg sync.WaitGroup
-			var drops atomic.Int64
-			quit := make(chan struct{})
-			for range slow {
-				conn, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(ts.URL, "http")+StreamPath, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				conn.SetReadLimit(-1)
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					defer conn.Close()
-					// 16 KiB every 5ms: about 3 MB/s, far less than the engine makes.
-					chunk := make([]byte, 16<<10)
+	const turn = 500
+	type side struct {
+		r     *runner.Runner
+		h     *steady
+		spent time.Duration
+	}
+	var sides [2]side
+	var drops, snaps, lost atomic.Int64
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	defer func() { close(quit); wg.Wait() }()
+	for i, slow := range []int{0, 8} {
+		r, h, stop := busyEngineHook(b, 256, runner.Config{Backlog: 4096})
+		defer stop()
+		srv := NewServer(r, Options{})
+		ts := httptest.NewServer(srv)
+		defer func() { srv.Close(); ts.Close() }()
+		sides[i] = side{r: r, h: h}
+		d := websocket.Dialer{ReadBufferSize: 16 << 10, NetDialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if tc, ok := c.(*net.TCPConn); ok {
+				tc.SetReadBuffer(16 << 10)
+			}
+			return c, err
+		}}
+		for range slow {
+			conn, _, err := d.Dial("ws"+strings.TrimPrefix(ts.URL, "http")+StreamPath, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			conn.SetReadLimit(-1)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer conn.Close()
+				chunk := make([]byte, 16<<10)
+				tick := time.NewTicker(10 * time.Millisecond)
+				defer tick.Stop()
+				for {
+					_, r, err := conn.NextReader()
+					if err != nil {
+						return
+					}
+					var head []byte
 					for {
-						_, r, err := conn.NextReader()
-						if err != nil {
+						select {
+						case <-quit:
 							return
+						case <-tick.C:
 						}
-						first := true
-						for {
-							n, err := r.Read(chunk)
-							if first && n > 0 {
-								first = false
-								if bytes.HasPrefix(chunk[:n], []byte(`{"type":"dropped"`)) {
-									drops.Add(1)
-								}
-							}
-							select {
-							case <-quit:
-								return
-							case <-time.After(5 * time.Millisecond):
-							}
-							if err != nil {
-								break
-							}
+						n, err := r.Read(chunk)
+						if len(head) < 64 {
+							head = append(head, chunk[:n]...)
+						}
+						if err != nil {
+							break
 						}
 					}
-				}()
-			}
-			// Warm up: let the clients connect and fall behind.
-			runSteps(r, 2000)
-			b.ResetTimer()
-			runSteps(r, b.N)
-			b.StopTimer()
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "steps/s")
-			if slow > 0 {
-				// The slow clients must have fallen behind for the figure to mean anything.
-				b.ReportMetric(float64(drops.Load())/float64(slow), "drops/client")
-			}
-			close(quit)
-			srv.Close()
-			wg.Wait()
-		})
+					switch {
+					case bytes.HasPrefix(head, []byte(`{"type":"dropped"`)):
+						drops.Add(1)
+						if f, err := protocol.DecodeFrame(head); err == nil {
+							lost.Add(int64(f.Dropped.Count))
+						}
+					case bytes.HasPrefix(head, []byte(`{"type":"snapshot"`)):
+						snaps.Add(1)
+					}
+				}
+			}()
+		}
+		stepsOf(r, h, 2000) // warm up: the clients connect and fall behind
 	}
+	drops.Store(0)
+	snaps.Store(0)
+	lost.Store(0)
+	b.ResetTimer()
+	for b.Loop() {
+		for i := range sides {
+			start := time.Now()
+			stepsOf(sides[i].r, sides[i].h, turn)
+			sides[i].spent += time.Since(start)
+		}
+	}
+	b.StopTimer()
+	steps := float64(b.N * turn)
+	none, slow := steps/sides[0].spent.Seconds(), steps/sides[1].spent.Seconds()
+	b.ReportMetric(none, "steps/s-none")
+	b.ReportMetric(slow, "steps/s-8slow")
+	b.ReportMetric(slow/none, "8slow/none")
+	b.ReportMetric(float64(drops.Load())/8, "drops/client")
+	b.ReportMetric(float64(snaps.Load())/8, "snapshots/client")
+	b.ReportMetric(float64(lost.Load())/8, "lost-events/client")
+	b.ReportMetric(0, "ns/op")
 }
 
 // BenchmarkViewers is the engine's step rate on the same state (256 requests decoding,

@@ -46,6 +46,9 @@ type ClientOptions struct {
 	// Backlog is how many events may wait for Take before the client drops them and asks
 	// for a snapshot (default feed.DefaultBacklog).
 	Backlog int
+	// JSONEvents asks for events frames in JSON rather than the binary encoding, which the
+	// client asks for by default: it decodes about ten times faster.
+	JSONEvents bool
 	// NetDialContext, when set, opens the TCP connections (tests use it).
 	NetDialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Logf, when set, logs what the server reports in error frames and frames that did not
@@ -247,6 +250,9 @@ func (c *Client) connect(ctx context.Context) (*websocket.Conn, *protocol.Hello,
 	if c.opts.Token != "" {
 		h.Set("Authorization", "Bearer "+c.opts.Token)
 	}
+	if !c.opts.JSONEvents {
+		h.Set(HeaderEvents, protocol.EncodingBinary.String())
+	}
 	conn, resp, err := d.DialContext(ctx, c.url, h)
 	if err != nil {
 		if resp == nil {
@@ -431,8 +437,9 @@ func (c *Client) read(conn *websocket.Conn, hello *protocol.Hello) error {
 	})
 	var last uint64      // the seq of the last snapshot or events frame
 	var buf bytes.Buffer // reused: a frame is decoded into values that do not point into it
+	var bin protocol.BinaryDecoder
 	for {
-		_, r, err := conn.NextReader()
+		typ, r, err := conn.NextReader()
 		if err != nil {
 			return err
 		}
@@ -441,7 +448,12 @@ func (c *Client) read(conn *websocket.Conn, hello *protocol.Hello) error {
 			return err
 		}
 		alive()
-		f, err := protocol.DecodeFrame(buf.Bytes())
+		var f *protocol.Frame
+		if typ == websocket.BinaryMessage {
+			f, err = bin.Decode(buf.Bytes()) // an events frame, as the hello said
+		} else {
+			f, err = protocol.DecodeFrame(buf.Bytes())
+		}
 		if err != nil {
 			c.logf("wire: %s: %v; asking for a snapshot", c.url, err)
 			if err := c.resync(conn); err != nil {

@@ -119,7 +119,7 @@
 // Limits.MaxConnectsPerSec attempts a second, 503 busy with Retry-After). The server sends
 // JSON text frames, each {"type": ..., ...}:
 //
-//	{"type":"hello","hello":{"protocol":4,"server":"kvtop 0.1.0","config":{...},"control":false,"ping_interval_ms":20000,"max_message_bytes":4096}}
+//	{"type":"hello","hello":{"protocol":5,"server":"kvtop 0.1.0","config":{...},"control":false,"ping_interval_ms":20000,"max_message_bytes":4096,"events":"json"}}
 //	{"type":"snapshot","seq":1,"snapshot":{...engine.Snapshot...}}
 //	{"type":"events","seq":2,"events":[{"kind":"request_arrived","step":3,"at":1700000000000,"id":"r-1",...},...]}
 //	{"type":"status","status":{"paused":false,"rate":50,"target":50,"controllable":false}}
@@ -129,21 +129,31 @@
 // hello comes first, then a snapshot; snapshot and events frames carry a seq that grows by
 // exactly one from frame to frame on a connection. Events are batched: all that are pending
 // when the connection is ready to write, up to Limits.FrameEvents a frame. A client that
-// falls behind is sent dropped, then a fresh snapshot. The client sends {"type":"snapshot"}
-// to resync (at most one is answered a Limits.ResyncInterval, with the latest state; those
-// between are coalesced), and, when the server runs with control on, {"type":"pause"},
-// {"type":"resume"} and {"type":"step","n":3} (no n: one step); otherwise it is answered
-// with an error frame. Snapshots are built once for every client that needs one at a time
-// and encoded once for all of them, so viewers cannot slow the engine. The server pings every PingInterval and closes a client that stops answering.
-// protocol.Version is the protocol's version, with its history.
+// sends the handshake header Kvtop-Events: binary (HeaderEvents) gets "events":"binary" in
+// the hello and its events frames as binary messages (protocol/binary.go: the same events,
+// a seventh of the bytes); every other frame stays JSON, and JSON is the default. A client
+// that falls behind (more than the runner's backlog of events) is sent dropped, then a fresh
+// snapshot. The client sends {"type":"snapshot"} to resync (at most one is answered a
+// Limits.ResyncInterval, with the latest state; those between are coalesced), and, when the
+// server runs with control on, {"type":"pause"}, {"type":"resume"} and {"type":"step","n":3}
+// (no n: one step); otherwise it is answered with an error frame. The server pings every
+// PingInterval and closes a client that stops answering. protocol.Version is the protocol's
+// version, with its history.
+//
+// Viewers cannot slow the engine (hub.go): the engine's goroutine offers its events to one
+// subscription, the stream's, however many clients watch. The stream encodes each event
+// once an encoding for all of them and keeps the recent ones in a log every connection reads
+// at its own pace; it folds the same events into a View, from which it builds the snapshots
+// clients need (new, resyncing, fallen behind) on its own goroutine, one for every client
+// that needs one at a time, at most one a Limits.SnapshotInterval, each encoded once.
 //
 // # Concurrency
 //
 // Server and Client are safe for concurrent use. The server never touches the engine but
-// through the runner (Do, PrepRecv, StartGenerate, Control), and each stream client reads
-// its own runner.Subscription, which never blocks the engine: a slow client costs only
-// itself. Each stream connection has one writing goroutine (its handler) and one reading
-// goroutine. The client has one goroutine that reads the connection and reconnects, and
+// through the runner (Do, PrepRecv, StartGenerate, Control), and the stream reads one
+// runner.Subscription, which never blocks the engine, on a goroutine of its own (the hub,
+// started with the first connection); a slow client costs only itself. Each stream
+// connection has one writing goroutine (its handler) and one reading goroutine. The client has one goroutine that reads the connection and reconnects, and
 // delivers through a feed.Mailbox (bounded by ClientOptions.Backlog); Take, Link and
 // Control may be called from any goroutine.
 //

@@ -29,6 +29,7 @@ type harness struct {
 	token  string
 	cancel context.CancelFunc
 	once   sync.Once
+	mu     sync.Mutex // for tests' own state shared between goroutines
 }
 
 type setup struct {

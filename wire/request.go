@@ -42,7 +42,20 @@ type prepRecvBody struct {
 // DecodePrepRecv parses a prep_recv body into the engine's call. maxTokens bounds
 // max_tokens. It checks what JSON decoding can (types, ranges, the prompt's form); the
 // engine checks the rest (window, prompt length, token ids, n, duplicates).
+//
+// A body in the usual form (an object of distinct keys whose prompt is an array of
+// integers) is read by hand, the prompt's ids straight into the engine's int32s
+// (fastPrepRecv); any other body, and every body with something wrong in it, goes through
+// encoding/json, which gives the same answer (FuzzFastPrepRecv) and the errors.
 func DecodePrepRecv(b []byte, maxTokens int) (engine.PrepRecv, error) {
+	if body, prompt, ok := fastPrepRecv(b); ok && checkID("prep_recv", body.User) == nil {
+		return prepRecvCall(body, prompt, maxTokens)
+	}
+	return slowPrepRecv(b, maxTokens)
+}
+
+// slowPrepRecv is DecodePrepRecv by encoding/json alone.
+func slowPrepRecv(b []byte, maxTokens int) (engine.PrepRecv, error) {
 	const call = "prep_recv"
 	var body prepRecvBody
 	if err := decodeJSON(call, b, &body); err != nil {
@@ -55,6 +68,12 @@ func DecodePrepRecv(b []byte, maxTokens int) (engine.PrepRecv, error) {
 	if err != nil {
 		return engine.PrepRecv{}, err
 	}
+	return prepRecvCall(body, prompt, maxTokens)
+}
+
+// prepRecvCall checks a decoded body's numbers and makes the engine's call of it.
+func prepRecvCall(body prepRecvBody, prompt []int32, maxTokens int) (engine.PrepRecv, error) {
+	const call = "prep_recv"
 	pr := engine.PrepRecv{ID: body.User, Prompt: prompt}
 	if body.End != nil {
 		if err := intRange(call, "end", *body.End, -maxInt32, maxInt32); err != nil {

@@ -47,6 +47,9 @@ type Limits struct {
 	// MaxConnectsPerSec caps the stream's connection attempts a second (with as many in a
 	// burst); more are answered 503 with Retry-After.
 	MaxConnectsPerSec int
+	// SnapshotInterval spaces the snapshots the stream builds for its clients (new ones,
+	// ones that fell behind or asked): one serves every client that needs one at the time.
+	SnapshotInterval time.Duration
 }
 
 // DefaultLimits returns the limits kvtop serve starts with.
@@ -65,6 +68,7 @@ func DefaultLimits() Limits {
 		// Enough for every dashboard of a team coming back after a restart (the client
 		// backs off and retries), few enough that connection churn costs nothing.
 		MaxConnectsPerSec: 20,
+		SnapshotInterval:  50 * time.Millisecond,
 	}
 }
 
@@ -101,6 +105,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxConnectsPerSec <= 0 {
 		l.MaxConnectsPerSec = d.MaxConnectsPerSec
+	}
+	if l.SnapshotInterval <= 0 {
+		l.SnapshotInterval = d.SnapshotInterval
 	}
 	return l
 }
@@ -148,9 +155,12 @@ type Server struct {
 	registry *prometheus.Registry
 	trace    *tracer
 
-	connects *limiter         // the stream's connection attempts
-	snapMu   sync.Mutex       // guards lastSnap
-	lastSnap *encodedSnapshot // the last snapshot a stream client sent, encoded once
+	connects *limiter // the stream's connection attempts
+	// hub fans the engine's stream out to the stream connections (nil while none is
+	// connected); backlog is the events it keeps for them, a subscription's worth.
+	hubMu   sync.Mutex
+	hub     *hub
+	backlog int
 
 	ctx    context.Context // ended by Close
 	cancel context.CancelFunc
@@ -158,7 +168,7 @@ type Server struct {
 	mu     sync.Mutex
 	closed bool
 
-	// subscribe makes a stream client's source; tests swap it.
+	// subscribe makes the stream's source; tests swap it.
 	subscribe func() source
 }
 
@@ -197,6 +207,7 @@ func NewServer(r *runner.Runner, opts Options) *Server {
 		s.token = sha256.Sum256([]byte(opts.Token))
 	}
 	s.subscribe = func() source { return r.Subscribe() }
+	s.backlog = r.Backlog()
 	s.mux = map[string]route{
 		"/microserving/prep_recv":      {http.MethodPost, "prep_recv", s.prepRecv, true},
 		"/microserving/start_generate": {http.MethodPost, "start_generate", s.startGenerate, true},

@@ -3,41 +3,14 @@ package wire
 import (
 	"sync"
 	"time"
-
-	"github.com/kvtop/kvtop/engine"
-	"github.com/kvtop/kvtop/wire/protocol"
 )
 
-// What keeps many viewers from costing the engine: the runner builds one snapshot for every
-// subscription that needs one at the time, none while the engine has not changed, and for
-// resyncs at most one an interval (runner.Config.SnapshotInterval); the server encodes each
-// once for every stream client that sends it (encodedSnapshot), spaces each client's
-// resyncs (Limits.ResyncInterval) and caps connection attempts, which are what new
-// subscriptions cost (Limits.MaxConnectsPerSec). The encoding happens on the clients'
-// goroutines, never the engine's.
-
-// encodedSnapshot is a snapshot and its encoding, made by the first client to send it.
-type encodedSnapshot struct {
-	snap *engine.Snapshot
-	once sync.Once
-	enc  *protocol.SharedSnapshot
-	err  error
-}
-
-// encoded returns the shared encoding of a snapshot the runner handed to subscribers. The
-// runner hands the same snapshot to every subscription of a round, so one entry serves
-// them all.
-func (s *Server) encoded(snap *engine.Snapshot) (*protocol.SharedSnapshot, error) {
-	s.snapMu.Lock()
-	e := s.lastSnap
-	if e == nil || e.snap != snap {
-		e = &encodedSnapshot{snap: snap}
-		s.lastSnap = e
-	}
-	s.snapMu.Unlock()
-	e.once.Do(func() { e.enc, e.err = protocol.EncodeSnapshot(snap) })
-	return e.enc, e.err
-}
+// What keeps many viewers from costing the engine: the engine's goroutine offers its events
+// to one subscription, the hub's (hub.go), however many clients watch; the hub encodes each
+// event once an encoding and each snapshot once, for every client that sends it, and builds
+// the snapshots clients need from its own view of the engine, at most one an interval; each
+// client's resyncs are spaced (Limits.ResyncInterval) and connection attempts capped
+// (Limits.MaxConnectsPerSec).
 
 // limiter is a token bucket: rate tokens a second, as many in a burst.
 type limiter struct {

@@ -11,7 +11,6 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/wire/protocol"
 )
@@ -49,20 +48,33 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) error {
 		s.logf("stream: upgrade from %s: %v", r.RemoteAddr, err) // the upgrader answered
 		return nil
 	}
-	c := &streamConn{s: s, conn: conn, errs: make(chan protocol.ErrorBody, 16), readDone: make(chan struct{}), resync: make(chan struct{}, 1)}
+	c := &streamConn{s: s, conn: conn, errs: make(chan protocol.ErrorBody, 16), readDone: make(chan struct{}),
+		resync: make(chan struct{}, 1), sig: make(chan struct{}, 1)}
+	if r.Header.Get(HeaderEvents) == protocol.EncodingBinary.String() {
+		c.encoding = protocol.EncodingBinary
+	}
 	c.serve()
 	return nil
 }
 
-// streamConn is one stream client: a subscription read by the handler's goroutine, which
-// alone writes frames, and a reader goroutine for the client's messages and pongs.
+// HeaderEvents is the stream handshake's header by which a client asks for its events
+// frames in the binary encoding ("binary"); without it they come in JSON. The hello says
+// which the server chose.
+const HeaderEvents = "Kvtop-Events"
+
+// streamConn is one stream client: its place in the hub's stream, read by the handler's
+// goroutine, which alone writes frames, and a reader goroutine for the client's messages and
+// pongs.
 type streamConn struct {
 	s        *Server
 	conn     *websocket.Conn
-	sub      source
+	hub      *hub
+	place    hubPlace                // the hub's mu guards it
+	sig      chan struct{}           // the hub has something for it (coalesced)
 	errs     chan protocol.ErrorBody // replies for the writer, from the reader
 	readDone chan struct{}
 	resync   chan struct{} // the client asked for a snapshot (coalesced)
+	encoding protocol.Encoding
 
 	seq      uint64 // of the last snapshot or events frame
 	reported uint64 // dropped events already told
@@ -71,12 +83,20 @@ type streamConn struct {
 	enc      protocol.Encoder
 }
 
+// signal tells the connection the hub has something for it, without waiting.
+func (c *streamConn) signal() {
+	select {
+	case c.sig <- struct{}{}:
+	default:
+	}
+}
+
 func (c *streamConn) serve() {
 	s, lim := c.s, c.s.lim
-	c.sub = s.subscribe()
+	c.hub = s.join(c)
 	s.metrics.clients.Add(1)
 	defer func() {
-		c.sub.Close()
+		c.hub.leave(c)
 		c.conn.Close()
 		<-c.readDone
 		s.metrics.clients.Add(-1)
@@ -113,11 +133,11 @@ func (c *streamConn) serve() {
 				resyncDue = time.After(wait)
 				break
 			}
-			c.sub.Resync()
+			c.hub.resync(c)
 			lastResync = time.Now()
 		case <-resyncDue:
 			resyncDue = nil
-			c.sub.Resync()
+			c.hub.resync(c)
 			lastResync = time.Now()
 		case eb := <-c.errs:
 			if err := c.write(&protocol.Frame{Type: protocol.FrameError, Error: &eb}); err != nil {
@@ -128,12 +148,13 @@ func (c *streamConn) serve() {
 				s.logf("stream: ping %s: %v", c.conn.RemoteAddr(), err)
 				return
 			}
-		case _, ok := <-c.sub.C():
-			if !ok {
+		case <-c.sig:
+			u := c.hub.take(c)
+			if u.closed {
 				c.close(websocket.CloseGoingAway, "engine stopped")
 				return
 			}
-			if err := c.send(c.sub.Take()); err != nil {
+			if err := c.send(u); err != nil {
 				s.logf("stream: %s: %v", c.conn.RemoteAddr(), err)
 				return
 			}
@@ -142,53 +163,60 @@ func (c *streamConn) serve() {
 }
 
 // send writes an update as frames: a drop notice, the snapshot, the status, then the events
-// in frames of at most Limits.FrameEvents.
-func (c *streamConn) send(u feed.Update) error {
+// in frames of at most Limits.FrameEvents, each written from the encoding every connection
+// shares.
+func (c *streamConn) send(u hubUpdate) error {
 	s := c.s
 	if !c.hello {
-		if u.Snapshot == nil {
-			return fmt.Errorf("the first update has no snapshot")
+		if u.snap == nil {
+			return nil // nothing before the first snapshot
 		}
 		c.hello = true
 		if err := c.write(&protocol.Frame{Type: protocol.FrameHello, Hello: &protocol.Hello{
-			Protocol: protocol.Version, Server: s.opts.Version, Config: u.Snapshot.Config, Control: s.opts.Control,
+			Protocol: protocol.Version, Server: s.opts.Version, Config: u.snap.snap.Config, Control: s.opts.Control,
 			PingIntervalMs: s.lim.PingInterval.Milliseconds(), MaxMessageBytes: s.lim.MaxMessageBytes,
+			Events: c.encoding.String(),
 		}}); err != nil {
 			return err
 		}
 	}
-	if u.Dropped > c.reported {
-		d := &protocol.Dropped{Count: u.Dropped - c.reported, Total: u.Dropped}
-		c.reported = u.Dropped
+	if u.dropped > c.reported {
+		d := &protocol.Dropped{Count: u.dropped - c.reported, Total: u.dropped}
+		c.reported = u.dropped
 		s.metrics.droppedEvents.Add(int64(d.Count))
 		if err := c.write(&protocol.Frame{Type: protocol.FrameDropped, Dropped: d}); err != nil {
 			return err
 		}
 	}
-	if u.Snapshot != nil {
+	if u.snap != nil {
 		if c.seq > 0 {
 			s.metrics.resyncs.Add(1)
 		}
 		c.seq++
-		if err := c.writeSnapshot(u.Snapshot); err != nil {
+		if err := c.writeSnapshot(u.snap); err != nil {
 			return err
 		}
 	}
-	if u.Status != nil {
-		st := *u.Status
+	if u.status != nil {
+		st := *u.status
 		st.Controllable = s.opts.Control
 		if err := c.write(&protocol.Frame{Type: protocol.FrameStatus, Status: &st}); err != nil {
 			return err
 		}
 	}
-	for evs := u.Events; len(evs) > 0; {
-		n := min(len(evs), s.lim.FrameEvents)
+	// Consecutive runs of the log go out together, up to FrameEvents events a frame.
+	for runs := u.frames; len(runs) > 0; {
+		k, n := 1, runs[0].Len()
+		for k < len(runs) && n+runs[k].Len() <= s.lim.FrameEvents {
+			n += runs[k].Len()
+			k++
+		}
 		c.seq++
-		if err := c.write(&protocol.Frame{Type: protocol.FrameEvents, Seq: c.seq, Events: evs[:n]}); err != nil {
+		if err := c.writeEvents(runs[:k]); err != nil {
 			return err
 		}
 		s.metrics.sentEvents.Add(int64(n))
-		evs = evs[n:]
+		runs = runs[k:]
 	}
 	return nil
 }
@@ -204,14 +232,34 @@ func (c *streamConn) write(f *protocol.Frame) error {
 		return fmt.Errorf("write %s frame: %w", f.Type, err)
 	}
 	if c.buf.Cap() > 16<<20 {
-		c.buf = bytes.Buffer{} // do not hold on to a huge snapshot's buffer
+		c.buf = bytes.Buffer{} // do not hold on to a huge frame's buffer
 	}
 	return nil
 }
 
-// writeSnapshot writes a snapshot frame from the encoding every client of the server shares.
-func (c *streamConn) writeSnapshot(snap *engine.Snapshot) error {
-	enc, err := c.s.encoded(snap)
+// writeEvents writes one events frame of shared runs, in the connection's encoding.
+func (c *streamConn) writeEvents(runs []*protocol.SharedEvents) error {
+	typ := websocket.TextMessage
+	if c.encoding == protocol.EncodingBinary {
+		typ = websocket.BinaryMessage
+	}
+	c.conn.SetWriteDeadline(time.Now().Add(c.s.lim.WriteTimeout))
+	w, err := c.conn.NextWriter(typ)
+	if err == nil {
+		err = protocol.WriteEvents(w, c.seq, c.encoding, runs)
+		if cerr := w.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("write events frame: %w", err)
+	}
+	return nil
+}
+
+// writeSnapshot writes a snapshot frame from the encoding every connection shares.
+func (c *streamConn) writeSnapshot(sn *hubSnapshot) error {
+	enc, err := sn.encoded()
 	if err != nil {
 		return err
 	}

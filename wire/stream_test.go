@@ -116,6 +116,110 @@ func TestStreamHelloSnapshotThenOrderedEvents(t *testing.T) {
 	}
 }
 
+// A client that asks for binary events at the handshake is told so in the hello and gets
+// its events frames as binary messages (every other frame stays JSON); one that does not
+// gets JSON. Both, and the Go client either way, build the engine's state from them.
+func TestBinaryEventsAreNegotiated(t *testing.T) {
+	h := newHarness(t, setup{})
+	dial := func(hdr http.Header) *websocket.Conn {
+		conn, _, err := websocket.DefaultDialer.Dial(h.wsURL(), hdr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	raw := map[string]*websocket.Conn{
+		"json":   dial(nil),
+		"binary": dial(http.Header{wire.HeaderEvents: {"binary"}}),
+	}
+	var clients []*wire.Client
+	for _, jsonEvents := range []bool{false, true} {
+		c, err := wire.Dial(context.Background(), h.ts.URL, wire.ClientOptions{JSONEvents: jsonEvents})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		clients = append(clients, c)
+	}
+	views := map[string]*viewer{}
+	for enc, conn := range raw {
+		var bin protocol.BinaryDecoder
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, data, err := conn.ReadMessage()
+		if err != nil {
+			t.Fatal(err)
+		}
+		hello, err := protocol.DecodeFrame(data)
+		if err != nil || hello.Type != protocol.FrameHello || hello.Hello.Events != enc {
+			t.Fatalf("%s client: first frame %+v (%v), want a hello saying %q", enc, hello, err, enc)
+		}
+		v := &viewer{}
+		views[enc] = v
+		go func() {
+			for {
+				typ, data, err := conn.ReadMessage()
+				if err != nil {
+					return
+				}
+				var f *protocol.Frame
+				if typ == websocket.BinaryMessage {
+					f, err = bin.Decode(data)
+				} else {
+					f, err = protocol.DecodeFrame(data)
+				}
+				if err != nil {
+					t.Errorf("%s client: %v", enc, err)
+					return
+				}
+				if (typ == websocket.BinaryMessage) != (enc == "binary" && f.Type == protocol.FrameEvents) {
+					t.Errorf("%s client: a %s frame as message type %d", enc, f.Type, typ)
+				}
+				h.mu.Lock()
+				switch f.Type {
+				case protocol.FrameSnapshot:
+					v.apply(t, feed.Update{Snapshot: f.Snapshot})
+				case protocol.FrameEvents:
+					v.apply(t, feed.Update{Events: f.Events})
+				}
+				h.mu.Unlock()
+			}
+		}()
+	}
+	h.load(t, "r", 20)
+	h.pause()
+	want := h.snapshot()
+	deadline := time.Now().Add(10 * time.Second)
+	for enc, v := range views {
+		for {
+			h.mu.Lock()
+			done := v.view != nil && v.view.Stamp() == want.Stamp
+			h.mu.Unlock()
+			if done {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the %s client did not reach the engine's state", enc)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		h.mu.Lock()
+		sameState(t, v.view.Snapshot(), want)
+		h.mu.Unlock()
+	}
+	for i, c := range clients {
+		var v viewer
+		for v.view == nil || v.view.Stamp() != want.Stamp {
+			<-c.C()
+			v.apply(t, c.Take())
+		}
+		sameState(t, v.view.Snapshot(), want)
+		if v.dropped != 0 {
+			t.Errorf("Go client %d dropped %d events", i, v.dropped)
+		}
+	}
+}
+
 // Read-only by default: pause is refused with an error frame; a resync request is always
 // answered with a snapshot.
 func TestStreamIsReadOnlyWithoutControl(t *testing.T) {

@@ -80,7 +80,7 @@ The demo's scenarios (--scenario):
 	rec := fs.String("record", "", "write what the dashboard receives to FILE (play it back with 'kvtop replay FILE')")
 	noColor := fs.Bool("no-color", false, "draw without colour (NO_COLOR in the environment does too)")
 	light := fs.Bool("light", false, "styles for a light terminal background")
-	mouse := fs.Bool("mouse", false, "scroll with the mouse wheel")
+	mouse := fs.Bool("mouse", false, "use the mouse: click panels, rows, pages and the charts (to rewind); the wheel scrolls")
 	buildEngine := engineFlags(fs)
 	return fs, func() (dashboardConfig, error) {
 		var dc dashboardConfig
@@ -149,6 +149,7 @@ func runDashboard(args []string, stdout, stderr io.Writer) int {
 	}
 	opts := dc.ui
 	opts.Name, opts.Control = name, control
+	opts.Record = recordIn(".", time.Now)
 	if dc.record != "" {
 		rec, closeRec, err := startRecording(ctx, dc.record)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os/signal"
 	"strings"
+	"time"
 
 	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/record"
@@ -101,7 +102,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	if o.step >= 0 {
 		_ = p.Control(feed.Control{Op: feed.ControlSeek, N: o.step})
 	}
-	opts := ui.Options{Control: true, NoColor: o.noColor, Light: o.light}
+	opts := ui.Options{Control: true, NoColor: o.noColor, Light: o.light, Record: recordIn(".", time.Now)}
 	if err := ui.Run(ctx, p, opts); err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintf(stderr, "kvtop replay: %v\n", err)
 		return 1

@@ -206,8 +206,15 @@ type Cache struct {
 
 	t    tree
 	seqs map[int64]*entry
+	// recent holds entries by id modulo its length (a power of two, growing with seqs), in
+	// front of seqs: the engine's sequence ids are consecutive, so the live ones mostly
+	// have slots of their own and a lookup costs a load; and it asks HasSequence before it
+	// extends, recycles or removes a sequence, so the second lookup of the id hits.
+	recent []*entry
 
 	pending []extension
+	toks    []int32   // the tokens of the pending extensions that are not own, end to end
+	owned   [][]int32 // the tokens of those that are, in order
 	rec     recycling
 
 	stats Stats
@@ -215,10 +222,21 @@ type Cache struct {
 	evicted []Eviction // OnEvict calls owed at the end of the current call
 }
 
+// extension is a pending ExtendSequence of n tokens: the next n of Cache.toks, or, if own,
+// the next copy in Cache.owned. It is small and holds one pointer: a decode step queues one
+// for every running sequence.
 type extension struct {
-	id     int64
-	tokens []int32
+	e   *entry
+	n   int
+	own bool
 }
+
+// ownCopyAt is the length above which an extension may get a copy of its own.
+const ownCopyAt = 64
+
+// maxPendingToks is the capacity of Cache.toks above which a commit lets it go, so that a
+// burst of long prompts does not pin its size.
+const maxPendingToks = 1 << 16
 
 // New returns an empty Cache. A Mode other than Radix gives a disabled cache.
 func New(cfg Config) *Cache {
@@ -279,8 +297,7 @@ func (c *Cache) InsertSequence(id int64, tokens []int32, w Window) (Result, erro
 // insert asks the tree for the match and its candidates, and decides.
 func (c *Cache) insert(id int64, q []int32, w Window) Result {
 	t := &c.t
-	stop, m, _ := t.match(lastOf(t.root), q)
-	x := stop.n // the candidates are the sequences of x's subtree
+	x, m, _ := t.match(t.root, q) // the candidates are the sequences of x's subtree
 	t.root.hits++
 	t.touch(t.root)
 	res := Result{Kind: Fresh, Parent: -1, Matched: m}
@@ -341,6 +358,10 @@ func (c *Cache) insert(id int64, q []int32, w Window) Result {
 func (c *Cache) newEntry(id int64, w Window) *entry {
 	e := &entry{id: id, state: Active, window: w}
 	c.seqs[id] = e
+	if n := len(c.recent); len(c.seqs) > n/2 && n < maxRecent {
+		c.recent = make([]*entry, max(16, 2*n)) // it refills as lookups miss
+	}
+	c.recent[c.slot(id)] = e
 	return e
 }
 
@@ -349,12 +370,26 @@ func (c *Cache) newEntry(id int64, w Window) *entry {
 // of a sequence that is no longer held when it is committed is skipped. An empty one still
 // counts: as in MLC, committing it moves the sequence to the front of its page's list.
 func (c *Cache) ExtendSequence(id int64, tokens []int32) {
-	if !c.radix {
+	// A sequence not held now is not held at the commit either: every call that adds one
+	// commits first. So the extension is skipped now, and the commit need not look id up.
+	e := c.lookup(id)
+	if e == nil {
 		return
 	}
-	// append, not make and copy: the copy is not zeroed first. Its spare capacity, if the
-	// allocator rounds up, lets the node it may become grow in place.
-	c.pending = append(c.pending, extension{id, append([]int32(nil), tokens...)})
+	// Long extensions of a sequence that is not alone at a leaf (which grows in place) most
+	// likely become a new leaf's tokens: they get a copy of their own, which the leaf takes,
+	// so that they are copied once. The others (a decode step's token, whatever the
+	// sequence's place: its earlier extensions may be pending) go into a buffer that the
+	// commit reuses, and cost no allocation.
+	own := len(tokens) > ownCopyAt && !c.t.alone(e)
+	if own {
+		// append, not make and copy: the copy is not zeroed first. Its spare capacity, if
+		// the allocator rounds up, lets the leaf it may become grow in place.
+		c.owned = append(c.owned, append([]int32(nil), tokens...))
+	} else {
+		c.toks = append(c.toks, tokens...)
+	}
+	c.pending = append(c.pending, extension{e, len(tokens), own})
 }
 
 // CommitSequenceExtension applies the queued extensions in the order they were queued.
@@ -367,14 +402,28 @@ func (c *Cache) CommitSequenceExtension() {
 }
 
 func (c *Cache) commit() {
-	for i := range c.pending {
-		p := &c.pending[i]
-		if e := c.seqs[p.id]; e != nil {
-			c.t.extend(e, p.tokens)
+	from, k := 0, 0
+	for _, p := range c.pending {
+		var toks []int32
+		if p.own {
+			toks = c.owned[k]
+			k++
+		} else {
+			toks = c.toks[from : from+p.n : from+p.n]
+			from += p.n
+		}
+		if p.e.node != nil { // still held: a dropped sequence has left the tree
+			c.t.extend(p.e, toks, p.own)
 		}
 	}
 	clear(c.pending)
 	c.pending = c.pending[:0]
+	clear(c.owned)
+	c.owned = c.owned[:0]
+	c.toks = c.toks[:0]
+	if cap(c.toks) > maxPendingToks {
+		c.toks = nil
+	}
 }
 
 // RecycleSequence commits pending extensions and marks the active sequence id recycling,
@@ -439,8 +488,8 @@ func (c *Cache) RollBackSequence(id int64, n int) error {
 	}
 	l := e.node.depth
 	for _, p := range c.pending {
-		if p.id == id {
-			l += len(p.tokens)
+		if p.e == e {
+			l += p.n
 		}
 	}
 	if n < 0 || n > l {
@@ -477,6 +526,9 @@ func (c *Cache) drop(e *entry) {
 	}
 	c.t.remove(e)
 	delete(c.seqs, e.id)
+	if i := c.slot(e.id); i >= 0 && c.recent[i] == e {
+		c.recent[i] = nil
+	}
 }
 
 // HasSequence reports whether the cache holds sequence id, active or recycling.
@@ -515,13 +567,11 @@ func (c *Cache) Match(tokens []int32) (m int, candidates []int64) {
 	if !c.radix {
 		return 0, nil
 	}
-	stop, m, _ := c.t.match(lastOf(c.t.root), tokens)
+	x, m, _ := c.t.match(c.t.root, tokens)
 	if m == 0 {
 		return 0, nil
 	}
-	ids := make([]int64, 0, stop.n.total)
-	candidatesOf(stop.n, func(s slot) bool { ids = append(ids, s.id); return true })
-	return m, ids
+	return m, appendCandidates(make([]int64, 0, x.total), x)
 }
 
 // Stats returns the counters.
@@ -531,7 +581,28 @@ func (c *Cache) lookup(id int64) *entry {
 	if !c.radix {
 		return nil
 	}
-	return c.seqs[id]
+	i := c.slot(id)
+	if i >= 0 {
+		if e := c.recent[i]; e != nil && e.id == id {
+			return e
+		}
+	}
+	e := c.seqs[id]
+	if e != nil && i >= 0 {
+		c.recent[i] = e
+	}
+	return e
+}
+
+// maxRecent is the most slots Cache.recent grows to.
+const maxRecent = 1 << 12
+
+// slot returns id's slot in c.recent, or -1 while it has none.
+func (c *Cache) slot(id int64) int {
+	if len(c.recent) == 0 {
+		return -1
+	}
+	return int(uint64(id) & uint64(len(c.recent)-1))
 }
 
 // done ends every public call that may have changed the cache: it checks the invariants when

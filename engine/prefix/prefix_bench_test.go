@@ -1,6 +1,7 @@
 package prefix
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"sync"
@@ -178,4 +179,89 @@ func BenchmarkInsertCopyOnly(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*benchSeqs), "ns/seq")
+}
+
+// BenchmarkDecode is what a decode step costs the cache: each of n active sequences (one of
+// 8 system prompts of 256 to 1,024 tokens, then 64 to 512 tokens of its own, so that each
+// ends alone on a leaf's last page) is extended by one token, and the extensions are
+// committed, as the engine does after every step. ns/ext is the cost of one committed
+// one-token extension. Every 2,048 steps the set is built again, off the clock, so that the
+// sequences stay near their starting lengths.
+func BenchmarkDecode(b *testing.B) {
+	for _, n := range []int{16, 256} {
+		b.Run(fmt.Sprintf("active=%d", n), func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(7, uint64(n)))
+			prompts := make([][]int32, benchPrompts)
+			for i := range prompts {
+				prompts[i] = benchTokens(rng, 256+rng.IntN(1024-256+1))
+			}
+			seqs := make([][]int32, n)
+			for i := range seqs {
+				seqs[i] = cat(prompts[rng.IntN(benchPrompts)], benchTokens(rng, 64+rng.IntN(512-64+1)))
+			}
+			next := benchTokens(rng, 4096)
+			const rebuild = 2048
+			var c *Cache
+			for step := 0; b.Loop(); step++ {
+				if step%rebuild == 0 {
+					b.StopTimer()
+					c = buildBench(seqs)
+					b.StartTimer()
+				}
+				for id := range n {
+					k := (step*n + id) % len(next)
+					c.ExtendSequence(int64(id), next[k:k+1])
+				}
+				c.CommitSequenceExtension()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/ext")
+		})
+	}
+}
+
+// BenchmarkTurnover is the rest of a step's cost to the cache: one request finishes
+// (RecycleSequence; at the cap of 1,024 recycling sequences it first evicts one) and one
+// arrives (InsertSequence of a shared 256-token system prompt and 200 tokens of its own, a
+// fork from the prompt, then the extension of its own tokens, committed), among 256 active
+// sequences, under either eviction order. The prompt's node has about 1,280 children.
+func BenchmarkTurnover(b *testing.B) {
+	for _, order := range []EvictOrder{EvictMLC, EvictLRU} {
+		b.Run("order="+order.String(), func(b *testing.B) {
+			const active, own = 256, 200
+			rng := rand.New(rand.NewPCG(9, 9))
+			prompt := benchTokens(rng, 256)
+			pool := benchTokens(rng, 1<<16)
+			c := New(Config{MaxRecycling: 1024, Evict: order})
+			var live []int64 // oldest first
+			next := int64(0)
+			turn := func() {
+				if len(live) == active {
+					if err := c.RecycleSequence(live[0]); err != nil {
+						b.Fatal(err)
+					}
+					live = live[1:]
+				}
+				k := int(next*own) % (len(pool) - own)
+				s := cat(prompt, pool[k:k+own])
+				res, err := c.InsertSequence(next, s, NoWindow)
+				if err != nil {
+					b.Fatal(err)
+				}
+				id := next
+				if res.Kind == Reuse {
+					id = res.Parent
+				}
+				c.ExtendSequence(id, s[res.Offset:])
+				c.CommitSequenceExtension()
+				live = append(live, id)
+				next++
+			}
+			for range 2 * (1024 + active) {
+				turn()
+			}
+			for b.Loop() {
+				turn()
+			}
+		})
+	}
 }

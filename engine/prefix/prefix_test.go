@@ -654,6 +654,55 @@ func TestExtendIsLazy(t *testing.T) {
 }
 
 // TestTreeShape follows the pages through splits, roll-backs and merges.
+// ExtendSequence copies the tokens, however long: the caller may reuse its slice at once.
+func TestExtendCopies(t *testing.T) {
+	for _, n := range []int{1, 3, 64, 65, 500} {
+		c := New(Config{MaxRecycling: -1})
+		// 1 is alone at a leaf, 2 empty at the root.
+		start(t, c, 1, seqOf(1, 4), NoWindow)
+		if _, err := c.InsertSequence(2, []int32{9}, NoWindow); err != nil {
+			t.Fatal(err)
+		}
+		toks := seqOf(100, n)
+		c.ExtendSequence(1, toks)
+		c.ExtendSequence(2, toks)
+		for i := range toks {
+			toks[i] = -1
+		}
+		c.CommitSequenceExtension()
+		for _, q := range [][]int32{cat(seqOf(1, 4), seqOf(100, n)), seqOf(100, n)} {
+			if m, _ := c.Match(q); m != len(q) {
+				t.Errorf("%d tokens: Match(%v…) = %d, want %d", n, q[0], m, len(q))
+			}
+		}
+		mustCheck(t, c)
+	}
+}
+
+// An extension queued for a sequence that is then evicted (TryFreeMemory does not commit)
+// is skipped, even when the id is inserted again: InsertSequence commits before it adds id.
+func TestEvictedSequenceLosesItsExtension(t *testing.T) {
+	c := New(Config{MaxRecycling: -1})
+	start(t, c, 1, seqOf(100, 8), NoWindow)
+	mustRecycle(t, c, 1)
+	c.ExtendSequence(1, []int32{7, 8, 9})
+	if !c.TryFreeMemory() {
+		t.Fatal("TryFreeMemory() = false, want 1 evicted")
+	}
+	res, err := c.InsertSequence(1, seqOf(200, 4), NoWindow)
+	if err != nil || res.Kind != Fresh {
+		t.Fatalf("InsertSequence(1, …) = %s, %v, want new", brief(res), err)
+	}
+	c.CommitSequenceExtension()
+	if l, _, _ := c.Sequence(1); l != 0 {
+		t.Errorf("Sequence(1) = %d tokens, want 0: the old 1's extension is not the new 1's", l)
+	}
+	if m, _ := c.Match([]int32{7, 8, 9}); m != 0 {
+		t.Errorf("Match(7 8 9) = %d, want 0", m)
+	}
+	mustCheck(t, c)
+}
+
 func TestTreeShape(t *testing.T) {
 	c := New(Config{MaxRecycling: -1})
 	start(t, c, 1, []int32{1, 2, 3, 4, 5, 6}, NoWindow)
@@ -803,6 +852,24 @@ func TestReuseChoiceMatchesNaiveScan(t *testing.T) {
 			id++
 		}
 		mustCheck(t, c)
+	}
+}
+
+// longestReusable(m) is the bound the reuse search prunes with: the longest sequence that
+// passes MLC's test for a match of m tokens, in double precision.
+func TestLongestReusable(t *testing.T) {
+	for m := 1; m <= 100_000; m++ {
+		l := longestReusable(m)
+		if !reusable(m, l) || reusable(m, l+1) {
+			t.Fatalf("longestReusable(%d) = %d: reusable there %v, one longer %v", m, l, reusable(m, l), reusable(m, l+1))
+		}
+	}
+	// 9 > 0.9*10 fails in double precision (0.9*10 rounds to 9), so 9 tokens reuse 9 but
+	// not 10; 10 tokens reuse 11 (9.9).
+	for _, c := range []struct{ m, want int }{{1, 1}, {9, 9}, {10, 11}, {90, 99}, {100, 111}} {
+		if got := longestReusable(c.m); got != c.want {
+			t.Errorf("longestReusable(%d) = %d, want %d", c.m, got, c.want)
+		}
 	}
 }
 

@@ -27,7 +27,7 @@ type refCache struct {
 	cap     int
 	root    *refPage
 	seqs    map[int64]*refSeq
-	pending []extension
+	pending []refExtension // looked up when committed, as MLC does
 	counter uint64
 	mlc     stdmap.Map
 	evicted []Eviction
@@ -386,6 +386,11 @@ func (r *refCache) match(q []int32) (int, []*refSeq) {
 	return m, S
 }
 
+type refExtension struct {
+	id     int64
+	tokens []int32
+}
+
 func (r *refCache) commit() {
 	for _, p := range r.pending {
 		if s := r.seqs[p.id]; s != nil {
@@ -476,7 +481,7 @@ func (r *refCache) InsertSequence(id int64, tokens []int32, w Window) (Result, e
 
 func (r *refCache) ExtendSequence(id int64, t []int32) {
 	if r.radix {
-		r.pending = append(r.pending, extension{id, slices.Clone(t)})
+		r.pending = append(r.pending, refExtension{id, slices.Clone(t)})
 	}
 }
 
@@ -970,7 +975,7 @@ func shape(root *node) string {
 		if n == root {
 			fmt.Fprintf(&b, "(%v %v", []int32{}, seqs)
 		}
-		for i := range n.ends {
+		for i := range n.pages() {
 			var here []int64
 			if i == n.lastPage() {
 				here = seqs
@@ -980,7 +985,7 @@ func shape(root *node) string {
 		for i := len(n.kids) - 1; i >= 0; i-- {
 			visit(n.kids[i])
 		}
-		b.WriteString(strings.Repeat(")", max(len(n.ends), 1)))
+		b.WriteString(strings.Repeat(")", max(n.pages(), 1)))
 	}
 	visit(root)
 	return b.String()

@@ -41,10 +41,11 @@ const (
 // The representation is coarser than MLC's: a node is a maximal chain of pages, each page
 // but the last holding no sequence and having the next as its only child. A node then holds
 // a sequence or has two children or more (the root excepted), as in a compressed radix tree,
-// and records where its pages end. The operations below are MLC's, page by page; a page is
-// named by a pageRef, and a chain that an operation leaves unmaximal (a node that lost its
-// last sequence or its second child) is joined with its child when the operation is done.
-// Joining changes no page.
+// and records where its pages end, unless they are regular (all full but the last, as new
+// tokens are cut into pages): then their number says it. The operations below are MLC's,
+// page by page; a page is named by a pageRef, and a chain that an operation leaves
+// unmaximal (a node that lost its last sequence or its second child) is joined with its
+// child when the operation is done. Joining changes no page.
 //
 // Every node also counts the sequences in its subtree (all, recycling, without a sliding
 // window), so that the searches can skip subtrees that cannot hold their answer.
@@ -62,7 +63,8 @@ type tree struct {
 }
 
 // entry is a cached sequence. The tree owns node; the Cache owns the rest. The sequence
-// ends at its node's last page: its length is the node's depth.
+// ends at its node's last page: its length is the node's depth. Once the sequence is
+// dropped, node is nil.
 type entry struct {
 	id     int64
 	node   *node
@@ -76,34 +78,39 @@ type entry struct {
 
 // node is a maximal chain of radix pages.
 type node struct {
-	// What a lookup reads comes first.
+	// What a match reads comes first (toks, index, kids), then what listing the candidates
+	// reads (the length of kids, npages, seqs and inline), close together.
 
 	// toks are the node's tokens, its pages' end to end. Their spare capacity, if any,
 	// belongs to this node alone (nodes cut from one copy are capped with full slice
 	// expressions), so a leaf may grow by append.
-	toks []int32
-	// ends are where the pages end in toks, ascending; the last is len(toks). The root has
-	// no tokens and no pages of its own: it is MLC's root page.
-	ends  []int32
+	toks  []int32
 	index map[int32]*node // children by first token, when there are more than indexAt
 	// kids are the children, oldest first: MLC's list reversed. A new child is appended; a
 	// child keeps its index among the others but for removals before it.
-	kids   []*node
+	kids    []*node
+	npages  int32   // the number of pages: len(ends), or for regular pages as many as toks fill
+	dirtyAt int32   // index in tree.dirty, or -1
+	seqs    []slot  // the sequences ending here, oldest first: MLC's list reversed
+	inline  [1]slot // seqs' array while it holds one sequence: a leaf and its sequence sit together
+	// ends are where the pages end in toks, ascending; the last is len(toks). nil when the
+	// pages are regular: every page but the last holds pageCap tokens, as a node made of new
+	// tokens has them, so that most nodes need no array. The root has no tokens and no pages
+	// of its own: it is MLC's root page.
+	ends   []int32
 	parent *node
-	seqs   []slot  // the sequences ending here, oldest first: MLC's list reversed
-	inline [1]slot // seqs' array while it holds one sequence: a leaf and its sequence sit together
-	total  int32   // sequences in the subtree
-	rec    int32   // recycling sequences in the subtree
-	plain  int32   // sequences without a sliding window in the subtree
+	total  int32 // sequences in the subtree
+	rec    int32 // recycling sequences in the subtree
+	plain  int32 // sequences without a sliding window in the subtree
 	// own counts the sequences ending here; kid1 sums own over the children of one page,
 	// whose sequences MatchPrefix meets first below a page, so that a walk can skip that
 	// pass when it would find nothing.
 	own, kid1 counts
-	depth     int // tokens from the root to the end of this node
+	pageCap   int32 // the tree's cap, for regular pages
+	depth     int   // tokens from the root to the end of this node
 	id        NodeID
+	fresh     bool // created since the last TakeChanges
 	hits      uint64
-	dirtyAt   int32 // index in tree.dirty, or -1
-	fresh     bool  // created since the last TakeChanges
 }
 
 // slot is a sequence at a node. The id sits beside the pointer so that listing candidates
@@ -138,13 +145,17 @@ func newTree(capacity int) tree {
 func (t *tree) newNode(parent *node, toks []int32, ends []int32) *node {
 	var n *node
 	if k := len(t.spare); k > 0 {
-		n = t.spare[k-1]
+		n = t.spare[k-1] // zeroed by free
 		t.spare[k-1] = nil
 		t.spare = t.spare[:k-1]
 	} else {
 		n = new(node)
 	}
-	*n = node{id: t.nextID, parent: parent, toks: toks, ends: ends, dirtyAt: -1, fresh: true}
+	// Field by field, not *n = node{…}: that builds the node on the stack with narrow
+	// stores and copies it with wide loads, which cannot take their data from the stores
+	// still in flight, and stall.
+	n.id, n.parent, n.dirtyAt, n.fresh, n.pageCap = t.nextID, parent, -1, true, int32(t.cap)
+	n.toks, n.ends, n.npages = toks, ends, countPages(toks, ends, t.cap)
 	n.seqs = n.inline[:0]
 	if parent != nil {
 		n.depth = parent.depth + len(toks)
@@ -183,21 +194,51 @@ func (t *tree) free(n *node) {
 
 // Pages.
 
-func (n *node) lastPage() int { return len(n.ends) - 1 }
+// countPages returns the number of pages of toks with the page ends ends (nil for regular
+// pages of capacity tokens).
+func countPages(toks, ends []int32, capacity int) int32 {
+	if ends != nil {
+		return int32(len(ends))
+	}
+	return int32((len(toks) + capacity - 1) / capacity)
+}
+
+// pages returns the number of n's pages (0 for the root).
+func (n *node) pages() int { return int(n.npages) }
+
+func (n *node) lastPage() int { return int(n.npages) - 1 }
+
+// onePage reports whether n has a single page.
+func (n *node) onePage() bool { return n.npages == 1 }
 
 // start and end are where page i begins and ends in n.toks.
 func (n *node) start(i int) int {
-	if i <= 0 {
+	switch {
+	case i <= 0:
 		return 0
+	case n.ends != nil:
+		return int(n.ends[i-1])
 	}
-	return int(n.ends[i-1])
+	return i * int(n.pageCap)
 }
 
 func (n *node) end(i int) int {
-	if i < 0 {
+	switch {
+	case i < 0:
 		return 0
+	case n.ends != nil:
+		return int(n.ends[i])
 	}
-	return int(n.ends[i])
+	return min((i+1)*int(n.pageCap), len(n.toks))
+}
+
+// endsOf returns n's page ends in a new array.
+func (n *node) endsOf() []int32 {
+	ends := make([]int32, n.pages())
+	for i := range ends {
+		ends[i] = int32(n.end(i))
+	}
+	return ends
 }
 
 func (r pageRef) len() int      { return r.n.end(r.i) - r.n.start(r.i) }
@@ -235,6 +276,9 @@ func lastOf(n *node) pageRef { return pageRef{n, n.lastPage()} }
 
 // pageAt returns the page of n where the node's off-th token lies (0 < off <= len(n.toks)).
 func pageAt(n *node, off int) pageRef {
+	if n.ends == nil {
+		return pageRef{n, (off - 1) / int(n.pageCap)}
+	}
 	i, _ := slices.BinarySearch(n.ends, int32(off))
 	return pageRef{n, i}
 }
@@ -266,7 +310,7 @@ func (n *node) child(tok int32) *node {
 func (n *node) insertChild(c *node) {
 	c.parent = n
 	n.kids = append(n.kids, c)
-	if len(c.ends) == 1 {
+	if c.onePage() {
 		n.kid1 = n.kid1.plus(c.own)
 	}
 	if n.index != nil {
@@ -279,16 +323,31 @@ func (n *node) insertChild(c *node) {
 	}
 }
 
+// removeChild takes c out of n's children, keeping the others' order.
 func (t *tree) removeChild(n, c *node) {
-	i := slices.Index(n.kids, c)
-	copy(n.kids[i:], n.kids[i+1:])
-	n.kids[len(n.kids)-1] = nil
-	n.kids = n.kids[:len(n.kids)-1]
+	// Look for c from both ends at once and close the gap from the nearer one: the victims
+	// of eviction are mostly among the oldest children (the least recently recycled) or the
+	// newest (MLC's order), and a shared prompt may have a thousand children.
+	kids := n.kids
+	i, j := 0, len(kids)-1
+	for kids[i] != c && kids[j] != c {
+		i++
+		j--
+	}
+	if kids[i] == c {
+		copy(kids[1:i+1], kids[:i])
+		kids[0] = nil
+		n.kids = kids[1:]
+	} else {
+		copy(kids[j:], kids[j+1:])
+		kids[len(kids)-1] = nil
+		n.kids = kids[:len(kids)-1]
+	}
 	if len(n.kids) == 0 {
 		n.kids = nil
 	}
 	c.parent = nil
-	if len(c.ends) == 1 {
+	if c.onePage() {
 		n.kid1 = n.kid1.minus(c.own)
 	}
 	if n.index != nil {
@@ -329,22 +388,48 @@ func (t *tree) takeSeqs(n, from *node) {
 
 // setOwn sets n's own counts, keeping its parent's sums.
 func (t *tree) setOwn(n *node, own counts) {
-	if p := n.parent; p != nil && len(n.ends) == 1 {
+	if p := n.parent; p != nil && n.onePage() {
 		p.kid1 = p.kid1.plus(own.minus(n.own))
 	}
 	n.own = own
 }
 
-// setEnds gives n new page ends, keeping its parent's sums.
-func (t *tree) setEnds(n *node, ends []int32) {
-	if p := n.parent; p != nil && (len(n.ends) == 1) != (len(ends) == 1) {
-		if len(n.ends) == 1 {
+// setPages gives n the tokens toks and the page ends ends (nil for regular pages), keeping
+// its parent's sums.
+func (t *tree) setPages(n *node, toks, ends []int32) {
+	was := n.onePage()
+	n.toks, n.ends, n.npages = toks, ends, countPages(toks, ends, t.cap)
+	t.pagesChanged(n, was)
+}
+
+// appendToks appends toks to n's tokens: its last page fills up to cap tokens, then new
+// pages follow in its chain (MLC's extension of a leaf page in place). Regular pages stay
+// regular.
+func (t *tree) appendToks(n *node, toks []int32) {
+	was := n.onePage()
+	from := len(n.toks)
+	n.toks = append(n.toks, toks...)
+	n.depth += len(toks)
+	if n.ends != nil {
+		n.ends = t.appendPages(n.ends, from, len(n.toks))
+		n.npages = int32(len(n.ends))
+	} else if len(n.toks) > int(n.npages)*t.cap {
+		n.npages = countPages(n.toks, nil, t.cap)
+	}
+	t.pagesChanged(n, was)
+	t.touch(n)
+}
+
+// pagesChanged keeps n's parent's sums after n's pages changed; was is whether n had one
+// page before.
+func (t *tree) pagesChanged(n *node, was bool) {
+	if p := n.parent; p != nil && was != n.onePage() {
+		if was {
 			p.kid1 = p.kid1.minus(n.own)
 		} else {
 			p.kid1 = p.kid1.plus(n.own)
 		}
 	}
-	n.ends = ends
 }
 
 // Sequences.
@@ -418,17 +503,21 @@ func (t *tree) materialize(r pageRef) *node {
 		return n
 	}
 	e := n.end(r.i)
-	ends := make([]int32, len(n.ends)-r.i-1)
-	for j := range ends {
-		ends[j] = n.ends[r.i+1+j] - int32(e)
+	// Regular pages above and below the cut stay regular: those above are full.
+	var upper, lower []int32
+	if n.ends != nil {
+		lower = make([]int32, len(n.ends)-r.i-1)
+		for j := range lower {
+			lower[j] = n.ends[r.i+1+j] - int32(e)
+		}
+		upper = n.ends[: r.i+1 : r.i+1]
 	}
-	l := t.newNode(nil, n.toks[e:], ends)
+	l := t.newNode(nil, n.toks[e:], lower)
 	l.depth = n.depth
 	t.takeChildren(l, n)
 	t.takeSeqs(l, n)
 	l.total, l.rec, l.plain, l.hits = n.total, n.rec, n.plain, n.hits
-	n.toks = n.toks[:e:e]
-	t.setEnds(n, n.ends[:r.i+1:r.i+1])
+	t.setPages(n, n.toks[:e:e], upper)
 	n.depth -= len(l.toks)
 	n.insertChild(l)
 	t.touch(n)
@@ -443,13 +532,14 @@ func (t *tree) join(n *node) {
 	toks := make([]int32, len(n.toks)+len(c.toks))
 	copy(toks, n.toks)
 	copy(toks[len(n.toks):], c.toks)
-	ends := make([]int32, len(n.ends)+len(c.ends))
-	copy(ends, n.ends)
-	for j, x := range c.ends {
-		ends[len(n.ends)+j] = x + int32(len(n.toks))
+	var ends []int32 // regular pages followed by regular pages, all full, stay regular
+	if n.ends != nil || c.ends != nil || len(n.toks)%t.cap != 0 {
+		ends = append(n.endsOf(), c.endsOf()...)
+		for j := n.pages(); j < len(ends); j++ {
+			ends[j] += int32(len(n.toks))
+		}
 	}
-	n.toks = toks
-	t.setEnds(n, ends)
+	t.setPages(n, toks, ends)
 	n.depth = c.depth
 	t.removeChild(n, c)
 	t.takeChildren(n, c)
@@ -478,7 +568,7 @@ func (t *tree) mergePage(r pageRef) {
 	if r.isLast() {
 		t.join(n)
 	}
-	t.setEnds(n, slices.Delete(slices.Clone(n.ends), r.i, r.i+1))
+	t.setPages(n, n.toks, slices.Delete(n.endsOf(), r.i, r.i+1))
 	t.touch(n)
 }
 
@@ -488,7 +578,7 @@ func (t *tree) mergePage(r pageRef) {
 // ends where r's first k tokens end.
 func (t *tree) splitPage(r pageRef, k int) pageRef {
 	n := r.n
-	t.setEnds(n, slices.Insert(slices.Clone(n.ends), r.i, int32(n.start(r.i)+k)))
+	t.setPages(n, n.toks, slices.Insert(n.endsOf(), r.i, int32(n.start(r.i)+k)))
 	t.touch(n)
 	if lower := (pageRef{n, r.i + 1}); t.mergeable(lower) {
 		t.mergePage(lower)
@@ -511,17 +601,19 @@ func (t *tree) removeLeafPage(r pageRef) {
 		return
 	}
 	n.depth -= r.len()
-	n.toks = n.toks[:n.start(r.i)]
-	t.setEnds(n, n.ends[:r.i])
+	var ends []int32 // the pages left of regular ones are full: regular
+	if n.ends != nil {
+		ends = n.ends[:r.i]
+	}
+	t.setPages(n, n.toks[:n.start(r.i)], ends)
 	t.touch(n)
 }
 
-// match walks from page r along q, child by first token, and stops in the page where the
-// common prefix ends: it returns that page, the tokens of q matched, and how many of the
-// page's tokens were (its length when the match reaches the page's end). r must be its
-// node's last page.
-func (t *tree) match(r pageRef, q []int32) (end pageRef, m, in int) {
-	n := r.n
+// match walks from the end of node n along q, child by first token, and stops in the node
+// where the common prefix ends: it returns that node, the tokens of q matched, and how many
+// of the node's tokens were (all of them when the match reaches its end). matchPage says in
+// which of its pages the match stopped.
+func (t *tree) match(n *node, q []int32) (end *node, m, in int) {
 	for m < len(q) {
 		c := n.child(q[m])
 		if c == nil {
@@ -530,13 +622,22 @@ func (t *tree) match(r pageRef, q []int32) (end pageRef, m, in int) {
 		l := lcp(c.toks, q[m:])
 		m += l
 		if l < len(c.toks) {
-			p := pageAt(c, l)
-			return p, m, l - c.start(p.i)
+			return c, m, l
 		}
 		n = c
 	}
-	p := lastOf(n)
-	return p, m, p.len()
+	return n, m, len(n.toks)
+}
+
+// matchPage returns the page of n in which a match of its first in tokens stopped, and how
+// many of the page's tokens it matched (its length when the match reaches the page's end).
+func matchPage(n *node, in int) (pageRef, int) {
+	if in == len(n.toks) {
+		p := lastOf(n)
+		return p, p.len()
+	}
+	p := pageAt(n, in)
+	return p, in - n.start(p.i)
 }
 
 // The operations.
@@ -562,34 +663,49 @@ func (t *tree) fork(e, parent *entry, off int) {
 	t.normalize()
 }
 
-// extend appends toks to e (MLC's ExtendSequence). toks is the cache's own copy; nodes may
-// keep slices of it. An empty extension moves e to the front of its page.
-func (t *tree) extend(e *entry, toks []int32) {
+// alone reports whether e is alone at a leaf: extending it appends to its node's tokens.
+func (t *tree) alone(e *entry) bool {
+	n := e.node
+	return len(n.seqs) == 1 && len(n.kids) == 0 && n != t.root
+}
+
+// extend appends toks to e (MLC's ExtendSequence). If own, toks is the cache's own copy and
+// a new node may keep a slice of it; otherwise the node takes a copy. An empty extension
+// moves e to the front of its page.
+func (t *tree) extend(e *entry, toks []int32, own bool) {
+	if t.alone(e) {
+		n := e.node
+		// e alone at a leaf, the decode case. MLC's steps come to this: e leaves its page,
+		// which is then a leaf page with no sequence; no child continues toks, so that page
+		// fills up in place and new pages follow in its chain; e goes onto the last of them;
+		// the page it left is not mergeable (it holds e again, or it is full and has a
+		// child), and neither is anything else touched.
+		t.appendToks(n, toks)
+		return
+	}
 	orig := t.pop(e)
 	// orig keeps its node and index through what follows: everything that changes happens
 	// below it, and nothing above it merges with it.
-	p, off, in := t.match(orig, toks)
+	x, off, l := t.match(orig.n, toks)
+	p, in := matchPage(x, l)
 	if in < p.len() {
 		p = t.splitPage(p, in)
 	}
 	if off < len(toks) {
 		rest := toks[off:]
-		if 2*len(rest) < len(toks) {
-			// Do not keep a mostly matched copy alive for its tail.
-			rest = append([]int32(nil), rest...)
-		}
 		if p.n != t.root && !p.hasSeqs() && p.kids() == 0 {
 			// A leaf page with no sequence: it fills up in place, and the pages that follow
 			// continue its chain.
-			n := p.n
-			n.toks = append(n.toks, rest...)
-			n.depth += len(rest)
-			t.setEnds(n, t.appendPages(n.ends, len(n.toks)-len(rest), len(n.toks)))
-			t.touch(n)
-			p = lastOf(n)
+			t.appendToks(p.n, rest)
+			p = lastOf(p.n)
 		} else {
+			if !own || 2*len(rest) < len(toks) {
+				// Copy what is borrowed, and do not keep a mostly matched copy alive for its
+				// tail. (append, not make and copy: see ExtendSequence.)
+				rest = append([]int32(nil), rest...)
+			}
 			parent := t.materialize(p)
-			c := t.newNode(parent, rest, t.appendPages(nil, 0, len(rest)))
+			c := t.newNode(parent, rest, nil) // regular pages
 			parent.insertChild(c)
 			p = lastOf(c)
 		}
@@ -602,18 +718,16 @@ func (t *tree) extend(e *entry, toks []int32) {
 }
 
 // appendPages cuts the tokens [from, to) of a node into pages and appends their ends to
-// ends: the node's last page, which ends at from, first fills up to cap tokens (unless there
-// is none), then full pages follow, and a last shorter one.
+// ends, the node's explicit page ends: the node's last page, which ends at from, first fills
+// up to cap tokens, then full pages follow, and a last shorter one.
 func (t *tree) appendPages(ends []int32, from, to int) []int32 {
-	if len(ends) > 0 {
-		s := 0
-		if len(ends) > 1 {
-			s = int(ends[len(ends)-2])
-		}
-		fill := min(s+t.cap, to)
-		ends[len(ends)-1] = int32(fill)
-		from = fill
+	s := 0
+	if len(ends) > 1 {
+		s = int(ends[len(ends)-2])
 	}
+	fill := min(s+t.cap, to)
+	ends[len(ends)-1] = int32(fill)
+	from = fill
 	ends = slices.Grow(ends, (to-from+t.cap-1)/t.cap)
 	for from < to {
 		from = min(from+t.cap, to)
@@ -642,8 +756,10 @@ func (t *tree) rollBack(e *entry, n int) {
 	}
 	if !r.hasSeqs() && r.kids() == 0 {
 		m := r.n
-		m.toks = m.toks[:len(m.toks)-n]
-		m.ends[len(m.ends)-1] -= int32(n)
+		if m.ends != nil {
+			m.ends[len(m.ends)-1] -= int32(n)
+		}
+		t.setPages(m, m.toks[:len(m.toks)-n], m.ends)
 		m.depth -= n
 		t.touch(m)
 	} else if n > 0 {
@@ -680,34 +796,43 @@ func eachSeq(n *node, f func(slot) bool) bool {
 	return true
 }
 
-// candidatesOf calls f for the sequences of x's subtree in MLC's MatchPrefix order, until f
-// returns false, for a match that stopped in any page of x: x's own, then below(x).
-func candidatesOf(x *node, f func(slot) bool) bool {
-	return eachSeq(x, f) && below(x, f)
+// appendCandidates appends the ids of the sequences of x's subtree in MLC's MatchPrefix
+// order, for a match that stopped in any page of x: x's own, newest first, then below x.
+func appendCandidates(dst []int64, x *node) []int64 {
+	return appendBelow(appendSeqs(dst, x), x)
 }
 
-// below is MLC's Iterate from the first child of x's last page, where Iterate(c) visits c,
-// then Iterate of c's next sibling, then Iterate of c's first child. Page by page that is:
-// the sequences of all the children, in list order, then, for each child from the oldest to
-// the newest, the same below it. A child node of several pages has no sequence on its first
-// page: its own come first in its turn below, followed by what is below its last page.
-func below(x *node, f func(slot) bool) bool {
+// appendSeqs appends the ids of n's sequences, newest first.
+func appendSeqs(dst []int64, n *node) []int64 {
+	for i := len(n.seqs) - 1; i >= 0; i-- {
+		dst = append(dst, n.seqs[i].id)
+	}
+	return dst
+}
+
+// appendBelow is MLC's Iterate from the first child of x's last page, where Iterate(c)
+// visits c, then Iterate of c's next sibling, then Iterate of c's first child. Page by page
+// that is: the sequences of all the children, in list order, then, for each child from the
+// oldest to the newest, the same below it. A child node of several pages has no sequence on
+// its first page: its own come first in its turn below, followed by what is below its last
+// page.
+func appendBelow(dst []int64, x *node) []int64 {
 	if x.kid1.seqs > 0 {
 		for i := len(x.kids) - 1; i >= 0; i-- {
-			if c := x.kids[i]; len(c.ends) == 1 && !eachSeq(c, f) {
-				return false
+			if c := x.kids[i]; c.onePage() {
+				dst = appendSeqs(dst, c)
 			}
 		}
 	}
 	for _, c := range x.kids {
-		if len(c.ends) > 1 && !eachSeq(c, f) {
-			return false
+		if !c.onePage() {
+			dst = appendSeqs(dst, c)
 		}
-		if len(c.kids) > 0 && !below(c, f) {
-			return false
+		if len(c.kids) > 0 {
+			dst = appendBelow(dst, c)
 		}
 	}
-	return true
+	return dst
 }
 
 // reusable is MLC's test for taking a recycling sequence of length l over for a match of m
@@ -728,43 +853,69 @@ func shortestRecycling(x *node, m int, w Window) *entry {
 	if x.rec == 0 {
 		return nil
 	}
-	var best *entry
-	bestLen := 0
-	useful := func(l int) bool { return reusable(m, l) && (best == nil || l < bestLen) }
-	look := func(n *node) {
-		if n.own.rec == 0 || !useful(n.depth) {
-			return
+	s := reuseSearch{w: w, limit: longestReusable(m)}
+	s.look(x)
+	if len(x.kids) > 0 && x.depth < s.limit { // a sequence below x is longer than x.depth
+		s.walk(x)
+	}
+	return s.best
+}
+
+// longestReusable returns the greatest length l that passes reusable(m, l); m > 0. The test
+// is monotone in l, so a length passes it exactly when it is at most that.
+func longestReusable(m int) int {
+	l := int(float64(m) / 0.9)
+	for reusable(m, l+1) {
+		l++
+	}
+	for !reusable(m, l) {
+		l--
+	}
+	return l
+}
+
+// reuseSearch is the walk of shortestRecycling.
+type reuseSearch struct {
+	w     Window
+	best  *entry
+	limit int // the longest length that can still improve on best: it passes the test and is shorter
+}
+
+// look takes the first recycling sequence with window w at n if it improves on the best.
+func (s *reuseSearch) look(n *node) {
+	if n.own.rec == 0 || n.depth > s.limit {
+		return
+	}
+	for i := len(n.seqs) - 1; i >= 0; i-- {
+		if e := n.seqs[i].e; e.state == Recycling && e.window == s.w {
+			s.best, s.limit = e, n.depth-1
+			return // the others here are as long, and later
 		}
-		for i := len(n.seqs) - 1; i >= 0; i-- {
-			if e := n.seqs[i].e; e.state == Recycling && e.window == w {
-				best, bestLen = e, n.depth
-				return // the others here are as long, and later
+	}
+}
+
+// walk looks below n in candidate order (see appendBelow), skipping the subtrees that hold
+// nothing recycling or only sequences too long: those in c's subtree are c.depth long or
+// longer.
+func (s *reuseSearch) walk(n *node) {
+	if n.kid1.rec > 0 {
+		for i := len(n.kids) - 1; i >= 0; i-- {
+			if c := n.kids[i]; c.onePage() {
+				s.look(c)
 			}
 		}
 	}
-	var walk func(n *node)
-	walk = func(n *node) {
-		if n.kid1.rec > 0 {
-			for i := len(n.kids) - 1; i >= 0; i-- {
-				if c := n.kids[i]; len(c.ends) == 1 {
-					look(c)
-				}
-			}
+	for _, c := range n.kids {
+		if c.rec == 0 || c.depth > s.limit {
+			continue
 		}
-		for _, c := range n.kids {
-			if len(c.ends) > 1 {
-				look(c)
-			}
-			if c.rec > c.own.rec && useful(c.depth+1) {
-				walk(c)
-			}
+		if !c.onePage() {
+			s.look(c)
+		}
+		if c.rec > c.own.rec && c.depth < s.limit {
+			s.walk(c)
 		}
 	}
-	look(x)
-	if len(x.kids) > 0 && useful(x.depth+1) {
-		walk(x)
-	}
-	return best
 }
 
 // firstPlain returns the first sequence without a sliding window among the candidates of x,
@@ -785,13 +936,13 @@ func firstPlain(x *node) *entry {
 	walk = func(n *node) bool {
 		if n.kid1.plain > 0 {
 			for i := len(n.kids) - 1; i >= 0; i-- {
-				if c := n.kids[i]; len(c.ends) == 1 && c.own.plain > 0 && !eachSeq(c, f) {
+				if c := n.kids[i]; c.onePage() && c.own.plain > 0 && !eachSeq(c, f) {
 					return false
 				}
 			}
 		}
 		for _, c := range n.kids {
-			if len(c.ends) > 1 && c.own.plain > 0 && !eachSeq(c, f) {
+			if !c.onePage() && c.own.plain > 0 && !eachSeq(c, f) {
 				return false
 			}
 			if c.plain > c.own.plain && !walk(c) {

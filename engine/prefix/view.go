@@ -92,8 +92,8 @@ func (c *Cache) Describe() string {
 	var visit func(p *node, indent int)
 	visit = func(p *node, indent int) {
 		fmt.Fprintf(&b, "%s#%d +%d", strings.Repeat("  ", indent), p.id, len(p.toks))
-		if len(p.ends) > 1 {
-			for i := range p.ends {
+		if p.pages() > 1 {
+			for i := range p.pages() {
 				sep := ","
 				if i == 0 {
 					sep = "/"
@@ -128,9 +128,10 @@ func (c *Cache) check() {
 // Check verifies the cache's invariants and returns the first violation: every node but the
 // root is a maximal chain of pages of 1 to 64 tokens (it holds a sequence or has two children
 // or more), depths add up, the children are in order (the newest last), with distinct first
-// tokens and a right index, the counts are right, every sequence sits in exactly one node, and
-// the recycling bookkeeping (stamps, the least-recently-recycled list, the emulated map) holds
-// exactly the recycling sequences.
+// tokens and a right index, the counts are right, every sequence sits in exactly one node,
+// the sequences in the lookup table are held and in their slots, so is one with a pending
+// extension unless it has left the tree, and the recycling bookkeeping (stamps, the
+// least-recently-recycled list, the emulated map) holds exactly the recycling sequences.
 func (c *Cache) Check() error {
 	t := &c.t
 	if t.root.id != 0 || t.root.parent != nil || t.root.depth != 0 || len(t.root.toks) != 0 {
@@ -144,19 +145,21 @@ func (c *Cache) Check() error {
 		}
 		if p != t.root {
 			switch {
-			case len(p.toks) == 0 || len(p.ends) == 0 || int(p.ends[len(p.ends)-1]) != len(p.toks):
+			case len(p.toks) == 0 || p.ends != nil && (len(p.ends) == 0 || int(p.ends[len(p.ends)-1]) != len(p.toks)):
 				return fmt.Errorf("prefix: check: node %d: %d tokens, pages ending at %v", p.id, len(p.toks), p.ends)
+			case int(p.pageCap) != t.cap || p.npages != countPages(p.toks, p.ends, t.cap):
+				return fmt.Errorf("prefix: check: node %d: %d pages of %d, the tree's of %d", p.id, p.npages, p.pageCap, t.cap)
 			case p.depth != p.parent.depth+len(p.toks):
 				return fmt.Errorf("prefix: check: node %d: depth %d, parent depth %d + %d tokens", p.id, p.depth, p.parent.depth, len(p.toks))
 			case len(p.seqs) == 0 && len(p.kids) < 2:
 				return fmt.Errorf("prefix: check: node %d: %d children and no sequence", p.id, len(p.kids))
 			}
-			for i := range p.ends {
+			for i := range p.pages() {
 				if l := p.end(i) - p.start(i); l < 1 || l > t.cap {
 					return fmt.Errorf("prefix: check: node %d: node %d of %d tokens", p.id, i, l)
 				}
 			}
-		} else if len(p.toks) != 0 || len(p.ends) != 0 {
+		} else if len(p.toks) != 0 || p.ends != nil || p.npages != 0 {
 			return fmt.Errorf("prefix: check: the root holds tokens")
 		}
 		if p.dirtyAt >= 0 && (int(p.dirtyAt) >= len(t.dirty) || t.dirty[p.dirtyAt] != p) {
@@ -224,7 +227,7 @@ func (c *Cache) Check() error {
 			}
 		}
 		for _, k := range p.kids {
-			if len(k.ends) == 1 {
+			if k.onePage() {
 				kid1 = kid1.plus(k.own)
 			}
 		}
@@ -244,6 +247,16 @@ func (c *Cache) Check() error {
 	}
 	if seen != len(c.seqs) {
 		return fmt.Errorf("prefix: check: %d sequences in the tree, %d held", seen, len(c.seqs))
+	}
+	for i, e := range c.recent {
+		if e != nil && (c.seqs[e.id] != e || c.slot(e.id) != i) {
+			return fmt.Errorf("prefix: check: slot %d of the lookup table holds %d, not held there", i, e.id)
+		}
+	}
+	for _, p := range c.pending {
+		if p.e.node != nil && c.seqs[p.e.id] != p.e {
+			return fmt.Errorf("prefix: check: pending extension of %d, in the tree but not held", p.e.id)
+		}
 	}
 	if err := c.checkRecycling(); err != nil {
 		return err

@@ -27,6 +27,10 @@ func (r *Runner) Subscribe() *Subscription {
 	return s
 }
 
+// Backlog returns how many events a subscription may have pending before it loses them
+// (Config.Backlog).
+func (r *Runner) Backlog() int { return r.cfg.Backlog }
+
 // C is signalled when updates are pending; it is closed when the subscription ends.
 func (s *Subscription) C() <-chan struct{} { return s.mb.C() }
 

@@ -77,11 +77,10 @@ func (c *calls) StartGenerate(id string, begin int) error {
 func (c *calls) Abort(id string) error { return c.done(c.e.Abort(c.now, id)) }
 
 func (c *calls) WriteKV(id, metadata string, offset, n int) error {
-	slots, err := sim.SlotsOf(metadata, offset, n)
-	if err != nil {
-		return fmt.Errorf("lockstep: kv for %s: %w", id, err)
-	}
 	cfg := c.e.Config()
-	_, err = c.e.ReceiveKV(c.now, slots, make([]byte, len(slots)*cfg.Arena.TokenBytes()*cfg.Models))
-	return c.done(err)
+	payload := make([]byte, n*cfg.Arena.TokenBytes()*cfg.Models)
+	if _, err := c.e.WriteKV(c.now, engine.KVWrite{Metadata: metadata, Offset: offset, Tokens: n, Payload: payload}); err != nil {
+		return c.done(fmt.Errorf("lockstep: kv for %s: %w", id, err))
+	}
+	return c.done(nil)
 }

@@ -72,6 +72,12 @@ var rules = []struct {
 		banned: []string{mod + "wire", mod + "wire/", mod + "engine/runner", "net", "net/http"},
 		why:    "ui.Source is satisfied by the runner, the wire client and the player alike; the dashboard cannot tell them apart",
 	},
+	{
+		name:   "the dashboard records through a function it is handed",
+		pkgs:   []string{mod + "ui"},
+		banned: []string{mod + "record"},
+		why:    "record writes the stream's frames (wire/protocol); ui.Recorder is satisfied by record.Recorder, which the command opens for R",
+	},
 }
 
 // The imports run one way: every rule of the table holds.

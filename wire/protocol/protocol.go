@@ -28,7 +28,9 @@ import (
 //	   request and the recycle stamps; the config has evict_order and counterfactual.
 //	4: the stale-kv-write hazard (totals count six hazard kinds); hazards carry offset,
 //	   tokens and holder.
-const Version = 4
+//	5: the binary encoding of events frames (binary.go), which a client asks for at the
+//	   handshake; the hello says which encoding the events come in ("events").
+const Version = 5
 
 // The frame types. The server sends hello first, then snapshot, then any of the others;
 // a client sends only the control types.
@@ -70,6 +72,10 @@ type Hello struct {
 	PingIntervalMs int64 `json:"ping_interval_ms"`
 	// MaxMessageBytes is the largest message the server reads from the client.
 	MaxMessageBytes int64 `json:"max_message_bytes"`
+	// Events is the encoding of the events frames that follow: "json" (or empty), or
+	// "binary" (binary websocket messages, binary.go) for a client that asked for it at the
+	// handshake.
+	Events string `json:"events,omitempty"`
 }
 
 // Dropped tells a client it fell behind: Count events were thrown away since the last
@@ -316,6 +322,15 @@ func (e *Encoder) event(buf *bytes.Buffer, ev engine.Event) error {
 
 func (e *Encoder) frame(buf *bytes.Buffer, seq uint64, evs []engine.Event) error {
 	fmt.Fprintf(buf, `{"type":"events","seq":%d,"events":[`, seq)
+	if err := e.events(buf, evs); err != nil {
+		return err
+	}
+	buf.WriteString("]}")
+	return nil
+}
+
+// events appends the events' JSON objects, separated by commas.
+func (e *Encoder) events(buf *bytes.Buffer, evs []engine.Event) error {
 	for i, ev := range evs {
 		if i > 0 {
 			buf.WriteByte(',')
@@ -324,7 +339,6 @@ func (e *Encoder) frame(buf *bytes.Buffer, seq uint64, evs []engine.Event) error
 			return err
 		}
 	}
-	buf.WriteString("]}")
 	return nil
 }
 

@@ -172,7 +172,7 @@ func TestFramesGolden(t *testing.T) {
 	snap := e.Snapshot()
 	st := feed.Status{Paused: true, Rate: 49.5, Target: 50, Controllable: false}
 	for _, f := range []*protocol.Frame{
-		{Type: protocol.FrameHello, Hello: &protocol.Hello{Protocol: protocol.Version, Server: "kvtop 0.1.0", Config: testConfig(), PingIntervalMs: 20000, MaxMessageBytes: 4096}},
+		{Type: protocol.FrameHello, Hello: &protocol.Hello{Protocol: protocol.Version, Server: "kvtop 0.1.0", Config: testConfig(), PingIntervalMs: 20000, MaxMessageBytes: 4096, Events: "json"}},
 		{Type: protocol.FrameSnapshot, Seq: 1, Snapshot: &snap},
 		{Type: protocol.FrameEvents, Seq: 2, Events: sampleEvents()[:3]},
 		{Type: protocol.FrameDropped, Dropped: &protocol.Dropped{Count: 1200, Total: 5000}},
