@@ -9,8 +9,10 @@
 // W3C traceparent header: a span "request" (kind server) from prep_recv's acceptance to the
 // request's end, and inside it one child span a phase, back to back:
 //
-//	prep_recv.wait        accepted, waiting for prepare-receive to admit it; every blocked
-//	                      evaluation (a new reason, or new numbers) is an event "blocked"
+//	prep_recv.wait        accepted, waiting for prepare-receive to admit it; each run of
+//	                      blocked evaluations of one reason is an event "blocked" (its
+//	                      first numbers, its last and how many: the engine re-evaluates a
+//	                      waiting request whenever its numbers change, up to once a step)
 //	kv.await              admitted, its slots reserved, the prefill instance's KV arriving;
 //	                      every write is an event "kv_received"
 //	start_generate.wait   all its KV in, waiting for start_generate
@@ -23,7 +25,9 @@
 // segments and kv_append_metadata, tokens generated, outcome), and the events "preempted",
 // "leaked" and "hazard" (one a hazard the engine detects about the request). A request
 // preempted, or aborted with its KV leaked, ends with status Error. Times are the engine's,
-// in milliseconds: a phase shorter than a millisecond lasts zero.
+// in milliseconds: a phase shorter than a millisecond lasts zero. A span keeps the SDK's
+// limit of events (128, OTEL_SPAN_EVENT_COUNT_LIMIT) and counts the rest as dropped, as
+// OTLP carries them: a request's memory is bounded however long it is open.
 //
 // # Usage
 //

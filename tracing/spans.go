@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/engine/prefix"
 )
 
 // The spans' names: the request, and its phases in the order they come.
@@ -47,50 +48,56 @@ const (
 	AttrBegin        = attribute.Key("kvtop.request.begin")
 	AttrGenerated    = attribute.Key("kvtop.request.generated")
 	AttrOutcome      = attribute.Key("kvtop.request.outcome") // length, abort, preempt, reclaim, or one of the tracer's
-	// AttrEventsDropped counts the oldest events of the request's spans left out past 128.
-	AttrEventsDropped = attribute.Key("kvtop.request.events_dropped")
-	AttrLeakedPages   = attribute.Key("kvtop.request.leaked_pages")
-	AttrStep          = attribute.Key("kvtop.step") // on events: the engine's step
-	AttrReason        = attribute.Key("kvtop.blocked.reason")
-	AttrDetail        = attribute.Key("kvtop.detail")
-	AttrHazard        = attribute.Key("kvtop.hazard.kind")
-	AttrReceived      = attribute.Key("kvtop.kv.received")
-	AttrReserved      = attribute.Key("kvtop.kv.reserved")
+	AttrLeakedPages  = attribute.Key("kvtop.request.leaked_pages")
+	AttrStep         = attribute.Key("kvtop.step") // on events: the engine's step
+	AttrReason       = attribute.Key("kvtop.blocked.reason")
+	// AttrEvaluations counts the blocked evaluations a "blocked" event stands for: every
+	// evaluation of one reason in a row, from the event's time (AttrDetail is the first's
+	// numbers) to AttrLastStep (AttrLastDetail the last's).
+	AttrEvaluations = attribute.Key("kvtop.blocked.evaluations")
+	AttrLastDetail  = attribute.Key("kvtop.blocked.last_detail")
+	AttrLastStep    = attribute.Key("kvtop.blocked.last_step")
+	AttrDetail      = attribute.Key("kvtop.detail")
+	AttrHazard      = attribute.Key("kvtop.hazard.kind")
+	AttrReceived    = attribute.Key("kvtop.kv.received")
+	AttrReserved    = attribute.Key("kvtop.kv.reserved")
 )
 
-// maxEvents bounds the events kept for a request's spans, as the SDK bounds a span's
-// (128): past it the oldest go, and AttrEventsDropped counts them.
-const maxEvents = 128
-
-// request is what a request's spans will say, gathered from its events: the spans are made
-// in one go when it ends (the SDK exports a span only once ended, so nothing shows any
-// sooner), so that each takes its attributes at once.
+// request is an open request's spans. They are started as the request enters each phase,
+// with the engine's times, and take attributes and events as its events come; the SDK
+// bounds the events a span keeps (128 unless OTEL_SPAN_EVENT_COUNT_LIMIT says otherwise) and
+// counts those past it as dropped, so an open request's memory is bounded however long it
+// lives.
 type request struct {
 	id     string
-	parent trace.SpanContext // the caller's, from its traceparent; invalid if none
-	start  engine.Stamp
-	last   engine.Stamp // its latest event
-	attrs  []attribute.KeyValue
-	phases []phase
-	events []spanEvent
-	lost   int // events dropped past maxEvents
+	ctx    context.Context // the request's span's
+	root   trace.Span
+	phase  trace.Span // the phase it is in
+	name   string     // of the phase
+	last   engine.Stamp
+	block  blockRun
 	status codes.Code
 	why    string
+	// What the request's span says of it once it ends, set as its events come (one
+	// SetAttributes at the end costs the SDK one copy, not one growth an event).
+	matched                  bool // a PrefixMatched came
+	match                    prefix.Kind
+	seq                      int64
+	admitted                 bool // a PrepareAdmitted came
+	matchedLen, pages, evict int
+	segments                 int // -1: no metadata yet
+	metadata                 string
+	begin, generated, leaked int // -1: not started, not finished, not leaked
 }
 
-// phase is one phase's span: from its start to the next phase's (or the request's end).
-type phase struct {
-	name string
-	from engine.Stamp
-}
-
-// spanEvent is an event of the request's span (phase -1) or of one of its phases.
-type spanEvent struct {
-	phase int
-	name  string
-	at    engine.Stamp
-	attrs [2]attribute.KeyValue
-	n     int // of attrs
+// blockRun is a run of blocked evaluations of one reason not yet recorded: it becomes one
+// "blocked" event when the reason changes, or the request leaves the phase. The engine
+// reports an evaluation each time its numbers change (free pages, the request in front), so
+// a request held by the watermark can have one a step; the reason is what a reader wants,
+// and the run keeps the first and the last numbers and how many there were.
+type blockRun struct {
+	n           int
+	first, last engine.PrepareBlocked
 }
 
 // builder turns events into spans, on the tracer's goroutine.
@@ -132,53 +139,53 @@ func (b *builder) event(ev engine.Event) {
 	r.last = when
 	switch e := ev.(type) {
 	case engine.PrepareBlocked:
-		r.event(r.current(), EventBlocked, when, AttrReason.String(e.Eval.Reason.String()), AttrDetail.String(e.Eval.Short()))
+		r.blocked(e)
 	case engine.PrefixMatched:
-		r.attrs = append(r.attrs, AttrMatch.String(e.Match.String()), AttrSeq.Int64(e.Seq))
+		r.matched, r.match, r.seq = true, e.Match, e.Seq
 	case engine.PrepareAdmitted:
-		r.attrs = append(r.attrs, AttrMatched.Int(e.Matched), AttrPages.Int(e.PagesTaken), AttrEvicted.Int(e.Evicted))
+		r.admitted, r.matchedLen, r.pages, r.evict = true, e.Matched, e.PagesTaken, e.Evicted
 		next := SpanAwaitKV
 		if e.End == e.Matched {
 			next = SpanAwaitStart // every token matched: no KV to receive
 		}
-		if r.in(SpanWait) {
-			r.to(next, when)
+		if r.name == SpanWait {
+			b.to(r, next, when)
 		}
 	case engine.MetadataEmitted:
 		segments := 0
 		if len(e.Runs) > 0 {
 			segments = len(e.Runs[0])
 		}
-		r.attrs = append(r.attrs, AttrSegments.Int(segments), AttrMetadata.String(e.Encoded))
+		r.segments, r.metadata = segments, e.Encoded
 	case engine.KVReceived:
-		r.event(r.current(), EventKVReceived, when, AttrReceived.Int(e.Received), AttrReserved.Int(e.Reserved))
-		if e.Received == e.Reserved && r.in(SpanAwaitKV) {
-			r.to(SpanAwaitStart, when) // (KV that completes after start_generate does not)
+		addEvent(r.phase, EventKVReceived, when, AttrReceived.Int(e.Received), AttrReserved.Int(e.Reserved))
+		if e.Received == e.Reserved && r.name == SpanAwaitKV {
+			b.to(r, SpanAwaitStart, when) // (KV that completes after start_generate does not)
 		}
 	case engine.RequestStarted:
-		r.attrs = append(r.attrs, AttrBegin.Int(e.Begin))
+		r.begin = e.Begin
 		next := SpanDecode
 		if e.Tail > 0 {
 			next = SpanPrefill
 		}
-		r.to(next, when)
+		b.to(r, next, when)
 	case engine.Prefilled:
-		if r.in(SpanPrefill) {
-			r.to(SpanDecode, when)
+		if r.name == SpanPrefill {
+			b.to(r, SpanDecode, when)
 		}
 	case engine.HazardDetected:
-		r.event(-1, EventHazard, when, AttrHazard.String(e.Hazard.Kind.String()), AttrDetail.String(e.Hazard.String()))
+		addEvent(r.root, EventHazard, when, AttrHazard.String(e.Hazard.Kind.String()), AttrDetail.String(e.Hazard.String()))
 	case engine.RequestFinished:
-		r.attrs = append(r.attrs, AttrGenerated.Int(e.Generated))
+		r.generated = e.Generated
 		b.end(r, when, e.Reason)
 	case engine.RequestAborted:
 		switch {
 		case e.Reason == engine.AbortPreempt:
-			r.event(-1, EventPreempted, when)
+			addEvent(r.root, EventPreempted, when)
 			r.status, r.why = codes.Error, "preempted for want of pages"
 		case e.Leaked:
-			r.event(-1, EventLeaked, when, AttrLeakedPages.Int(e.LeakedPages))
-			r.attrs = append(r.attrs, AttrLeakedPages.Int(e.LeakedPages))
+			addEvent(r.root, EventLeaked, when, AttrLeakedPages.Int(e.LeakedPages))
+			r.leaked = e.LeakedPages
 			r.status, r.why = codes.Error, "aborted while prepared: its KV leaked"
 		}
 		b.end(r, when, e.Reason)
@@ -193,83 +200,113 @@ func (b *builder) arrived(e engine.RequestArrived) {
 	if old := b.open[e.ID]; old != nil {
 		b.end(old, e.Stamp, outcomeIDReused)
 	}
-	r := &request{id: e.ID, start: e.Stamp, last: e.Stamp, attrs: make([]attribute.KeyValue, 0, 16), phases: make([]phase, 0, 4)}
-	r.parent, _ = b.t.parents.take(e.ID)
-	r.attrs = append(r.attrs, AttrID.String(e.ID), AttrPromptLength.Int(e.PromptLength), AttrEnd.Int(e.End),
-		AttrMaxTokens.Int(e.MaxTokens), AttrStep.Int64(int64(e.Step)))
-	r.to(SpanWait, e.Stamp)
+	ctx := context.Background()
+	if parent, ok := b.t.parents.take(e.ID); ok {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
+	}
+	r := &request{id: e.ID, last: e.Stamp, segments: -1, begin: -1, generated: -1, leaked: -1}
+	r.ctx, r.root = b.t.tracer.Start(ctx, SpanRequest, trace.WithTimestamp(at(e.Stamp)), trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(AttrID.String(e.ID), AttrPromptLength.Int(e.PromptLength), AttrEnd.Int(e.End),
+			AttrMaxTokens.Int(e.MaxTokens), AttrStep.Int64(int64(e.Step))))
+	b.to(r, SpanWait, e.Stamp)
 	b.open[e.ID] = r
 	b.t.open.Store(int64(len(b.open)))
 }
 
-// current is the index of the phase the request is in.
-func (r *request) current() int { return len(r.phases) - 1 }
-
-// in reports whether the request is in the named phase.
-func (r *request) in(name string) bool {
-	return len(r.phases) > 0 && r.phases[len(r.phases)-1].name == name
-}
-
-// to starts the request's next phase, which ends the one it was in.
-func (r *request) to(name string, when engine.Stamp) {
-	r.phases = append(r.phases, phase{name: name, from: when})
-}
-
-// event records an event of a phase's span (-1: the request's).
-func (r *request) event(phase int, name string, when engine.Stamp, attrs ...attribute.KeyValue) {
-	if len(r.events) == maxEvents {
-		copy(r.events, r.events[1:])
-		r.events = r.events[:maxEvents-1]
-		r.lost++
+// blocked adds an evaluation to the request's run of blocked evaluations, recording the run
+// before it if the reason changed.
+func (r *request) blocked(e engine.PrepareBlocked) {
+	if r.block.n > 0 && r.block.first.Eval.Reason != e.Eval.Reason {
+		r.endBlock()
 	}
-	ev := spanEvent{phase: phase, name: name, at: when, n: len(attrs)}
-	copy(ev.attrs[:], attrs)
-	r.events = append(r.events, ev)
+	if r.block.n == 0 {
+		r.block.first = e
+	}
+	r.block.last = e
+	r.block.n++
 }
 
-// end makes a request's spans, ending at when, and forgets it.
+// endBlock records the run of blocked evaluations as an event of the phase they came in.
+func (r *request) endBlock() {
+	run := &r.block
+	if run.n == 0 {
+		return
+	}
+	attrs := []attribute.KeyValue{AttrReason.String(run.first.Eval.Reason.String()), AttrDetail.String(run.first.Eval.Short()),
+		AttrEvaluations.Int(run.n)}
+	if run.n > 1 {
+		attrs = append(attrs, AttrLastDetail.String(run.last.Eval.Short()), AttrLastStep.Int64(int64(run.last.Step)))
+	}
+	addEvent(r.phase, EventBlocked, run.first.Stamp, attrs...)
+	*run = blockRun{}
+}
+
+// to ends the request's phase, if any, at when and starts the next.
+func (b *builder) to(r *request, name string, when engine.Stamp) {
+	if r.phase != nil {
+		r.endBlock()
+		b.endSpan(r.phase, when)
+	}
+	_, r.phase = b.t.tracer.Start(r.ctx, name, trace.WithTimestamp(at(when)))
+	r.name = name
+}
+
+// end ends a request's spans at when, and forgets it.
 func (b *builder) end(r *request, when engine.Stamp, outcome string) {
-	ctx := context.Background()
-	if r.parent.IsValid() {
-		ctx = trace.ContextWithRemoteSpanContext(ctx, r.parent)
-	}
-	attrs := append(append(b.scratch[:0], r.attrs...), AttrOutcome.String(outcome))
-	if r.lost > 0 {
-		attrs = append(attrs, AttrEventsDropped.Int(r.lost))
-	}
-	b.scratch = attrs
-	ctx, root := b.t.tracer.Start(ctx, SpanRequest, trace.WithTimestamp(at(r.start)), trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithAttributes(attrs...))
-	evs := r.events
-	for i, p := range r.phases {
-		to := when
-		if i+1 < len(r.phases) {
-			to = r.phases[i+1].from
-		}
-		_, span := b.t.tracer.Start(ctx, p.name, trace.WithTimestamp(at(p.from)))
-		for len(evs) > 0 && evs[0].phase == i {
-			addEvent(span, &evs[0])
-			evs = evs[1:]
-		}
-		span.End(trace.WithTimestamp(at(to)))
-	}
-	for _, ev := range r.events {
-		if ev.phase < 0 {
-			addEvent(root, &ev)
-		}
+	r.endBlock()
+	b.endSpan(r.phase, when)
+	if r.root.IsRecording() {
+		r.root.SetAttributes(b.attrs(r, outcome)...)
 	}
 	if r.status != codes.Unset {
-		root.SetStatus(r.status, r.why)
+		r.root.SetStatus(r.status, r.why)
 	}
-	root.End(trace.WithTimestamp(at(when)))
-	b.t.spans.Add(uint64(len(r.phases)) + 1)
+	b.endSpan(r.root, when)
 	delete(b.open, r.id)
 	b.t.open.Store(int64(len(b.open)))
 }
 
-func addEvent(span trace.Span, ev *spanEvent) {
-	span.AddEvent(ev.name, trace.WithTimestamp(at(ev.at)),
-		trace.WithAttributes(append(ev.attrs[:ev.n:ev.n], AttrStep.Int64(int64(ev.at.Step)))...))
+// attrs returns the attributes of a request's span that its events gave it, in a buffer
+// reused for the next request.
+func (b *builder) attrs(r *request, outcome string) []attribute.KeyValue {
+	a := b.scratch[:0]
+	if r.matched {
+		a = append(a, AttrMatch.String(r.match.String()), AttrSeq.Int64(r.seq))
+	}
+	if r.admitted {
+		a = append(a, AttrMatched.Int(r.matchedLen), AttrPages.Int(r.pages), AttrEvicted.Int(r.evict))
+	}
+	if r.segments >= 0 {
+		a = append(a, AttrSegments.Int(r.segments), AttrMetadata.String(r.metadata))
+	}
+	if r.begin >= 0 {
+		a = append(a, AttrBegin.Int(r.begin))
+	}
+	if r.generated >= 0 {
+		a = append(a, AttrGenerated.Int(r.generated))
+	}
+	if r.leaked >= 0 {
+		a = append(a, AttrLeakedPages.Int(r.leaked))
+	}
+	a = append(a, AttrOutcome.String(outcome))
+	b.scratch = a
+	return a
+}
+
+// endSpan ends a span at when, counting it if it is sampled (and so goes to the exporter).
+func (b *builder) endSpan(span trace.Span, when engine.Stamp) {
+	if span.IsRecording() {
+		b.t.spans.Add(1)
+	}
+	span.End(trace.WithTimestamp(at(when)))
+}
+
+// addEvent adds an event of the engine's, stamped with its time and step, to span.
+func addEvent(span trace.Span, name string, when engine.Stamp, attrs ...attribute.KeyValue) {
+	if !span.IsRecording() {
+		return // not sampled
+	}
+	span.AddEvent(name, trace.WithTimestamp(at(when)), trace.WithAttributes(append(attrs, AttrStep.Int64(int64(when.Step)))...))
 }
 
 // endAll ends every open request's spans at its latest event, in the order of their ids.

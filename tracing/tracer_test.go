@@ -48,7 +48,11 @@ type reqTrace struct {
 }
 
 func attr(s tracetest.SpanStub, k attribute.Key) (attribute.Value, bool) {
-	for _, kv := range s.Attributes {
+	return attrOf(s.Attributes, k)
+}
+
+func attrOf(kvs []attribute.KeyValue, k attribute.Key) (attribute.Value, bool) {
+	for _, kv := range kvs {
 		if kv.Key == k {
 			return kv.Value, true
 		}
@@ -139,14 +143,27 @@ func (rt *reqTrace) check() error {
 
 // counts are what a scenario's events say the traces must hold.
 type counts struct {
-	arrived, blocked, kvWrites, preempted, leaked, hazards int
-	outcome                                                map[string]string
+	arrived int
+	// blocked counts the runs of blocked evaluations of one reason (a request's
+	// evaluations, reason by reason, as they change), evaluations the evaluations.
+	blocked, evaluations                 int
+	kvWrites, preempted, leaked, hazards int
+	outcome                              map[string]string
+}
+
+// blockedRun is a run of a request's blocked evaluations of one reason: the first's and the
+// last's numbers, and how many.
+type blockedRun struct {
+	reason, first, last string
+	n                   int
 }
 
 // In every scenario, every request that arrived is one trace: a request span with its
 // phases as children, back to back in lifecycle order, with the request's attributes, a
-// "blocked" event for every blocked evaluation, a "kv_received" for every KV write, and
-// preemptions, leaks and hazards as events on the request's span.
+// "blocked" event for every run of blocked evaluations of one reason (counting them, so
+// that every evaluation is accounted for), a "kv_received" for every KV write (or counted
+// among the span's dropped events past the SDK's limit), and preemptions, leaks and hazards
+// as events on the request's span.
 func TestEveryRequestIsATraceOfItsLifecycle(t *testing.T) {
 	for _, c := range []struct {
 		scenario string
@@ -158,11 +175,12 @@ func TestEveryRequestIsATraceOfItsLifecycle(t *testing.T) {
 		{"leak", 2400, func(c counts) int { return min(c.leaked, c.hazards) }},
 		{"fork-race", 400, func(c counts) int { return c.hazards }},
 		{"recycle-stall", 400, func(c counts) int { return c.blocked }},
-		{"watermark", 400, func(c counts) int { return c.blocked }},
+		{"watermark", 400, func(c counts) int { return c.evaluations - c.blocked }}, // runs of more than one
 	} {
 		t.Run(c.scenario, func(t *testing.T) {
 			tr, exp := start(t, Config{})
 			want := counts{outcome: map[string]string{}}
+			runs := map[string][]blockedRun{} // by request
 			var last *engine.Engine
 			_, err := lockstep.Run(c.scenario, 1, c.steps, 50*time.Millisecond, nil, func(e *engine.Engine, evs []engine.Event) {
 				last = e
@@ -172,7 +190,15 @@ func TestEveryRequestIsATraceOfItsLifecycle(t *testing.T) {
 					case engine.RequestArrived:
 						want.arrived++
 					case engine.PrepareBlocked:
-						want.blocked++
+						want.evaluations++
+						rs := runs[ev.ID]
+						if len(rs) == 0 || rs[len(rs)-1].reason != ev.Eval.Reason.String() {
+							want.blocked++
+							rs = append(rs, blockedRun{reason: ev.Eval.Reason.String(), first: ev.Eval.Short()})
+						}
+						rs[len(rs)-1].last = ev.Eval.Short()
+						rs[len(rs)-1].n++
+						runs[ev.ID] = rs
 					case engine.KVReceived:
 						want.kvWrites++
 					case engine.RequestAborted:
@@ -229,16 +255,30 @@ func TestEveryRequestIsATraceOfItsLifecycle(t *testing.T) {
 						}
 					}
 				}
+				var gotRuns []blockedRun
 				for _, p := range rt.phases {
-					got.blocked += len(events(p, EventBlocked))
+					for _, ev := range events(p, EventBlocked) {
+						got.blocked++
+						reason, _ := attrOf(ev.Attributes, AttrReason)
+						first, _ := attrOf(ev.Attributes, AttrDetail)
+						n, _ := attrOf(ev.Attributes, AttrEvaluations)
+						last, ok := attrOf(ev.Attributes, AttrLastDetail)
+						if !ok {
+							last = first // a run of one
+						}
+						got.evaluations += int(n.AsInt64())
+						gotRuns = append(gotRuns, blockedRun{reason.AsString(), first.AsString(), last.AsString(), int(n.AsInt64())})
+					}
 					got.kvWrites += len(events(p, EventKVReceived))
-					// Past the SDK's limit of events a span (128) they are counted, not kept:
-					// a wait span's events are its blocked evaluations, the others' KV writes.
-					if p.Name == SpanWait {
-						got.blocked += p.DroppedEvents
-					} else {
+					// Past the SDK's limit of events a span (128) they are counted, not
+					// kept: a wait span's would be blocked runs, whose evaluations are then
+					// unknown (and the comparison fails); the others' are KV writes.
+					if p.Name != SpanWait {
 						got.kvWrites += p.DroppedEvents
 					}
+				}
+				if fmt.Sprint(gotRuns) != fmt.Sprint(runs[id]) {
+					t.Fatalf("request %s: blocked events %v, its evaluations say %v", id, gotRuns, runs[id])
 				}
 				got.preempted += len(events(rt.root, EventPreempted))
 				got.leaked += len(events(rt.root, EventLeaked))
@@ -396,5 +436,38 @@ func TestParseEndpoint(t *testing.T) {
 		} else if !strings.Contains(err.Error(), "otlp endpoint") {
 			t.Errorf("ParseEndpoint(%q): %v, want it to name the endpoint", in, err)
 		}
+	}
+}
+
+// A request's spans keep at most the SDK's limit of events each, and count the rest: a
+// request that takes 300 KV writes holds 128 of them and says 172 were dropped, so an open
+// request costs bounded memory however long it lives.
+func TestASpansEventsAreBounded(t *testing.T) {
+	tr, exp := start(t, Config{})
+	const writes = 300
+	stamp := func(step uint64) engine.Stamp { return engine.Stamp{Step: step, At: int64(step)} }
+	evs := []engine.Event{
+		engine.RequestArrived{Stamp: stamp(1), ID: "long", PromptLength: writes + 1, End: writes, MaxTokens: 4},
+		engine.PrepareAdmitted{Stamp: stamp(2), ID: "long", End: writes, PagesTaken: 20},
+	}
+	for i := range writes {
+		evs = append(evs, engine.KVReceived{Stamp: stamp(3 + uint64(i)), ID: "long", Received: i + 1, Reserved: writes})
+	}
+	evs = append(evs, engine.RequestAborted{Stamp: stamp(writes + 3), ID: "long", Reason: engine.AbortByClient})
+	tr.Observe(nil, evs)
+	if err := tr.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rt := byRequest(t, exp.GetSpans())["long"]
+	if rt == nil || len(rt.phases) != 3 || rt.phases[1].Name != SpanAwaitKV {
+		t.Fatalf("request long: no trace of phases wait, kv.await, start_generate.wait")
+	}
+	kv := rt.phases[1]
+	got := events(kv, EventKVReceived)
+	if len(got) != 128 || kv.DroppedEvents != writes-128 {
+		t.Fatalf("kv.await holds %d kv_received events and %d dropped, want 128 and %d", len(got), kv.DroppedEvents, writes-128)
+	}
+	if v, _ := attrOf(got[len(got)-1].Attributes, AttrReceived); v.AsInt64() != writes {
+		t.Errorf("the last kv_received event says %d received, want %d (the latest are kept)", v.AsInt64(), writes)
 	}
 }
