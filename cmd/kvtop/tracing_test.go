@@ -56,6 +56,17 @@ func newCollector(t *testing.T) *collector {
 	return c
 }
 
+// names counts the spans received by name.
+func (c *collector) names() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]int{}
+	for _, sp := range c.spans {
+		out[sp.Name]++
+	}
+	return out
+}
+
 // Tracing is off by default, and a bad endpoint is a usage error.
 func TestTracingFlags(t *testing.T) {
 	o, err := parseServe(nil, io.Discard)
@@ -145,7 +156,17 @@ func TestServeExportsRequestTracesOverOTLP(t *testing.T) {
 	if resp, err := http.DefaultClient.Do(abort); err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("abort = %v %v", resp, err)
 	}
-	time.Sleep(1500 * time.Millisecond) // the driven chat's first requests come and go
+	// The driven chat's first requests come and go, and the exporter's batches (a second
+	// apart) reach the collector.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		names := col.names()
+		if names["request"] >= 3 && names["decode"] > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30s the collector holds spans %v: want 3 requests' with a decode", names)
+		}
+	}
 	metrics := get(t, s.URL()+"/metrics")
 	cancel()
 	if err := s.Wait(); err != nil { // the tracer's Close sends what is left
@@ -180,5 +201,40 @@ func TestServeExportsRequestTracesOverOTLP(t *testing.T) {
 	}
 	if got := hex.EncodeToString(traced.TraceId) + "/" + hex.EncodeToString(traced.ParentSpanId); got != traceID+"/"+spanID {
 		t.Errorf("the traced request's span is in trace/parent %s, want %s/%s", got, traceID, spanID)
+	}
+}
+
+// The demo traces its embedded engine's requests with --otlp-endpoint, and says at the end
+// what became of the spans; --attach refuses the flag (the server traces, not the viewer).
+func TestDemoExportsRequestTraces(t *testing.T) {
+	if _, err := parseDashboard([]string{"--attach", "127.0.0.1:1", "--otlp-endpoint", "http://127.0.0.1:4318"}, io.Discard); err == nil ||
+		!strings.Contains(err.Error(), "--otlp-endpoint is for the demo") {
+		t.Errorf("parseDashboard(--attach, --otlp-endpoint) = %v, want it refused", err)
+	}
+	if _, err := parseDashboard([]string{"--otlp-endpoint", "localhost:4318"}, io.Discard); err == nil || !strings.Contains(err.Error(), "want http://HOST:PORT") {
+		t.Errorf("parseDashboard(--otlp-endpoint localhost:4318) = %v, want a usage error", err)
+	}
+	col := newCollector(t)
+	dc, err := parseDashboard([]string{"--scenario", "chat", "--steps-per-sec", "200", "--otlp-endpoint", col.URL}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var errb syncBuffer
+	src, _, _, after, err := dashboardSource(ctx, dc, &errb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); col.names()["request"] < 2; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30s the collector holds spans %v: want the demo's requests'", col.names())
+		}
+	}
+	cancel()
+	after()
+	src.Close()
+	if out := errb.String(); !strings.Contains(out, "request traces: ") || !strings.Contains(out, "0 exports failed, 0 events dropped") {
+		t.Errorf("the demo's last words %q: want what became of the spans, none lost", out)
 	}
 }
