@@ -8,9 +8,11 @@ import (
 	"github.com/kvtop/kvtop/internal/stepbench"
 )
 
-// BenchmarkEngineSteps is the engine's step with 256 requests decoding and one
-// prepare-receive request a step (stepbench), with KV events off and on (a publisher on
-// loopback, no subscriber): the cost the publisher puts on the engine.
+// BenchmarkEngineSteps is stepbench's engine step in its steady state (256 requests
+// decoding, one arriving every other step), with KV events off and on (a publisher on
+// loopback, no subscriber). Each case runs alone, to profile one (-cpuprofile,
+// -memprofile); internal/stepbench's BenchmarkEngineSteps interleaves them with tracing, for
+// the comparison.
 func BenchmarkEngineSteps(b *testing.B) {
 	for _, on := range []bool{false, true} {
 		b.Run(fmt.Sprintf("kv-events=%v", on), func(b *testing.B) {

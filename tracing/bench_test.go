@@ -12,11 +12,13 @@ import (
 	"github.com/kvtop/kvtop/internal/stepbench"
 )
 
-// BenchmarkEngineSteps is the engine's step with 256 requests decoding and one
-// prepare-receive request a step (stepbench: about 6 spans a step), with tracing off, on
+// BenchmarkEngineSteps is stepbench's engine step in its steady state (256 requests
+// decoding, one arriving every other step: about 2.5 spans a step), with tracing off, on
 // with an exporter that discards the spans (what tracing costs kvtop), and on with OTLP/HTTP
 // to a receiver on loopback that discards them (the whole pipeline, the receiver's reading
-// included, on the same two cores).
+// included, on the same cores). Each case runs alone, to profile one (-cpuprofile,
+// -memprofile); internal/stepbench's BenchmarkEngineSteps interleaves them with KV events,
+// for the comparison.
 func BenchmarkEngineSteps(b *testing.B) {
 	for _, c := range []struct {
 		name string
