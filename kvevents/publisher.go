@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -32,6 +33,12 @@ type Config struct {
 	// waits for it; a batch that does not fit is dropped and counted, and the next one that
 	// fits starts subscribers over (AllBlocksCleared, then every block held).
 	Queue int
+	// Linger is how long the sender waits, once it has sent everything queued, before it
+	// waits for the next observation (default 1ms; negative: not at all). Batches are sent
+	// up to a linger late, and the engine wakes the sender at most once a linger instead
+	// of once a step: on a busy engine that wake-up is most of what publishing costs its
+	// goroutine.
+	Linger time.Duration
 	// Topic is the first frame of every message (default empty).
 	Topic    string
 	Encoding Encoding
@@ -56,7 +63,7 @@ type Stats struct {
 	Dropped uint64 // batches dropped because the sender's queue was full
 	Resyncs uint64 // batches that started subscribers over after a drop
 	Replays uint64 // replay requests answered
-	Blocks  int64  // blocks held, as of the last batch the engine made
+	Blocks  int64  // blocks held, as of the last observation the sender applied
 }
 
 // Publisher publishes the prefix cache's blocks as vLLM's KV events: a runner.Observer on
@@ -67,24 +74,30 @@ type Publisher struct {
 	pub   zmq4.Socket
 	rtr   zmq4.Socket
 	queue chan pending
+	free  chan *blocks.Ops // Ops the sender is done with, for Observe to reuse
 	wg    sync.WaitGroup
 	stop  context.CancelFunc
 
 	// The engine's side (Observe).
-	tr   *blocks.Tracker
-	lost bool
+	rd      *blocks.Reader
+	lost    bool
+	scratch blocks.Ops // what an observation reads while the queue stays full
 
 	ringMu sync.Mutex
 	ring   []kept // the last Buffer batches, oldest first
 	seq    uint64 // the next batch's sequence number
 
 	batches, dropped, resyncs, replays atomic.Uint64
-	queued                             atomic.Uint64 // batches handed to the sender
+	queued                             atomic.Uint64 // observations handed to the sender
+	applied                            atomic.Uint64 // of which the sender is done with
 	blocks                             atomic.Int64
 }
 
+// pending is one observation for the sender: what the Reader read (ops), which the sender's
+// Tracker turns into the batch's changes; or, in tests, the changes themselves.
 type pending struct {
 	ts       float64
+	ops      *blocks.Ops
 	changes  []blocks.Change
 	pageSize int
 }
@@ -105,12 +118,15 @@ func Start(cfg Config) (*Publisher, error) {
 	if cfg.HWM <= 0 {
 		cfg.HWM = 100_000
 	}
+	if cfg.Linger == 0 {
+		cfg.Linger = time.Millisecond
+	}
 	ep, err := endpoint(cfg.Endpoint)
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Publisher{cfg: cfg, queue: make(chan pending, cfg.Queue), stop: cancel}
+	p := &Publisher{cfg: cfg, queue: make(chan pending, cfg.Queue), free: make(chan *blocks.Ops, cfg.Queue+1), stop: cancel}
 	p.pub = zmq4.NewPub(ctx)
 	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
 		cancel()
@@ -171,38 +187,65 @@ func (p *Publisher) Stats() Stats {
 }
 
 // Observe follows one engine call's or step's events (a runner.Observer): on the engine's
-// goroutine, it derives the block changes and hands them to the sender without waiting. The
-// first observation publishes AllBlocksCleared and whatever the cache holds already.
+// goroutine, it reads which sequences' blocks changed, copies out the tokens of the pages
+// that became full, and hands that to the sender without waiting; the sender hashes,
+// encodes and sends. The first observation publishes AllBlocksCleared and whatever the
+// cache holds already.
 func (p *Publisher) Observe(e *engine.Engine, evs []engine.Event) {
-	var chs []blocks.Change
-	if p.tr == nil {
-		p.tr = blocks.NewTracker(e.Config().PageSize)
-		chs = p.tr.Sync(e.Prefix())
-	} else {
-		chs = p.tr.Track(e.Prefix(), evs)
+	first := p.rd == nil
+	if first {
+		p.rd = blocks.NewReader(e.Config().PageSize)
 	}
-	p.blocks.Store(int64(p.tr.Len()))
-	if p.lost {
-		if len(p.queue) == cap(p.queue) {
-			if len(chs) > 0 {
-				p.dropped.Add(1)
-			}
-			return
+	if p.lost && len(p.queue) == cap(p.queue) {
+		// Still no room: what this observation did is read only to count it (the reader
+		// starts over once there is room).
+		p.scratch.Reset()
+		p.rd.Read(e.Prefix(), evs, &p.scratch)
+		if p.scratch.Len() > 0 {
+			p.dropped.Add(1)
 		}
-		chs = p.tr.Sync(e.Prefix()) // the tracker is current: only the subscribers are not
-		p.resyncs.Add(1)
-	}
-	if len(chs) == 0 {
 		return
 	}
-	b := pending{ts: float64(lastAt(evs)) / 1000, changes: chs, pageSize: p.tr.PageSize()}
+	o := p.ops()
+	if first || p.lost {
+		p.rd.Sync(e.Prefix(), o) // only the subscribers are behind: start them over
+		if p.lost {
+			p.resyncs.Add(1)
+		}
+	} else {
+		p.rd.Read(e.Prefix(), evs, o)
+	}
+	if o.Len() == 0 {
+		p.reuse(o)
+		return
+	}
 	select {
-	case p.queue <- b:
+	case p.queue <- pending{ts: float64(lastAt(evs)) / 1000, ops: o, pageSize: p.rd.PageSize()}:
 		p.queued.Add(1)
 		p.lost = false
 	default:
+		p.reuse(o)
 		p.dropped.Add(1)
 		p.lost = true
+	}
+}
+
+// ops returns an empty Ops, one the sender is done with if there is one.
+func (p *Publisher) ops() *blocks.Ops {
+	select {
+	case o := <-p.free:
+		o.Reset()
+		return o
+	default:
+		return new(blocks.Ops)
+	}
+}
+
+// reuse hands an Ops back for a later observation.
+func (p *Publisher) reuse(o *blocks.Ops) {
+	select {
+	case p.free <- o:
+	default:
 	}
 }
 
@@ -234,68 +277,78 @@ func (p *Publisher) Close() error {
 	return errors.Join(err, p.pub.Close())
 }
 
-// send encodes and sends the queued batches, numbering them, and keeps each for replay.
+// send applies, encodes and sends the queued observations, numbering the batches, and
+// keeps each for replay. Once it has emptied the queue it lingers (Config.Linger) before it
+// waits on it again: while it lingers the engine's hand-offs wake nobody, so the engine's
+// goroutine pays for waking the sender at most once a linger, not once a step.
 func (p *Publisher) send() {
 	defer p.wg.Done()
-	medium := MediumGPU
-	for b := range p.queue {
-		if p.cfg.hold != nil {
-			<-p.cfg.hold
+	var st senderState
+	for {
+		b, ok := <-p.queue
+		if !ok {
+			return
 		}
-		batch := Batch{TS: b.ts, DPRank: p.cfg.DPRank, HasDPRank: true, Events: make([]Event, 0, len(b.changes))}
-		for _, ch := range b.changes {
-			batch.Events = append(batch.Events, eventOf(ch, &medium, b.pageSize))
+		p.sendOne(&st, b)
+		for more := true; more; {
+			select {
+			case b, ok := <-p.queue:
+				if !ok {
+					return
+				}
+				p.sendOne(&st, b)
+			default:
+				more = false
+			}
 		}
-		payload, err := Encode(batch, p.cfg.Encoding)
-		if err != nil {
-			p.logf("kv events: %v", err)
-			continue
+		if p.cfg.Linger > 0 {
+			time.Sleep(p.cfg.Linger)
 		}
-		p.ringMu.Lock()
-		seq := p.seq
-		p.seq++
-		p.ring = append(p.ring, kept{seq, payload})
-		if len(p.ring) > p.cfg.Buffer {
-			p.ring = p.ring[len(p.ring)-p.cfg.Buffer:]
-		}
-		p.ringMu.Unlock()
-		if p.cfg.skip != nil && p.cfg.skip(seq) {
-			continue
-		}
-		var sb [8]byte
-		binary.BigEndian.PutUint64(sb[:], seq)
-		if err := p.pub.SendMulti(zmq4.NewMsgFrom([]byte(p.cfg.Topic), sb[:], payload)); err != nil {
-			p.logf("kv events: send batch %d: %v", seq, err)
-			continue
-		}
-		p.batches.Add(1)
 	}
 }
 
-// eventOf is a block change as vLLM's event.
-func eventOf(ch blocks.Change, medium *string, ps int) Event {
-	hashes := func() []Hash {
-		out := make([]Hash, len(ch.Hashes))
-		for i, h := range ch.Hashes {
-			out[i] = IntHash(h)
-		}
-		return out
+// senderState is what the sender keeps from one batch to the next.
+type senderState struct {
+	tr  *blocks.Tracker
+	buf []byte // the batch being encoded
+}
+
+func (p *Publisher) sendOne(st *senderState, b pending) {
+	defer p.applied.Add(1)
+	if p.cfg.hold != nil {
+		<-p.cfg.hold
 	}
-	switch ch.Kind {
-	case blocks.Stored:
-		ev := BlockStored{BlockHashes: hashes(), TokenIDs: make([]int64, len(ch.Tokens)), BlockSize: int64(ps), Medium: medium}
-		for i, t := range ch.Tokens {
-			ev.TokenIDs[i] = int64(t)
+	if b.ops != nil {
+		if st.tr == nil || st.tr.PageSize() != b.pageSize {
+			st.tr = blocks.NewTracker(b.pageSize)
 		}
-		if ch.HasParent {
-			h := IntHash(ch.Parent)
-			ev.ParentBlockHash = &h
+		b.changes = st.tr.ApplyShared(b.ops) // encoded before the next
+		p.blocks.Store(int64(st.tr.Len()))
+		p.reuse(b.ops)
+		if len(b.changes) == 0 {
+			return
 		}
-		return ev
-	case blocks.Removed:
-		return BlockRemoved{BlockHashes: hashes(), Medium: medium}
 	}
-	return AllBlocksCleared{}
+	st.buf = appendBatch(st.buf[:0], b.ts, b.changes, b.pageSize, p.cfg.DPRank, p.cfg.Encoding)
+	payload := bytes.Clone(st.buf) // kept for replay
+	p.ringMu.Lock()
+	seq := p.seq
+	p.seq++
+	p.ring = append(p.ring, kept{seq, payload})
+	if len(p.ring) > p.cfg.Buffer {
+		p.ring = p.ring[len(p.ring)-p.cfg.Buffer:]
+	}
+	p.ringMu.Unlock()
+	if p.cfg.skip != nil && p.cfg.skip(seq) {
+		return
+	}
+	var sb [8]byte
+	binary.BigEndian.PutUint64(sb[:], seq)
+	if err := p.pub.SendMulti(zmq4.NewMsgFrom([]byte(p.cfg.Topic), sb[:], payload)); err != nil {
+		p.logf("kv events: send batch %d: %v", seq, err)
+		return
+	}
+	p.batches.Add(1)
 }
 
 // endSeq is the replay's last message's sequence number, -1.

@@ -123,6 +123,22 @@ func (f *follower) waitFor(t *testing.T, n uint64) {
 	}
 }
 
+// settle waits until the sender has applied every observation queued, and returns the
+// number of batches it has numbered: what a subscriber then has to have seen.
+func settle(t *testing.T, p *Publisher) uint64 {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for p.applied.Load() < p.queued.Load() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sender applied %d observations of %d", p.applied.Load(), p.queued.Load())
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	p.ringMu.Lock()
+	defer p.ringMu.Unlock()
+	return p.seq
+}
+
 // start starts a publisher on loopback, with replay, and a subscriber that follows it.
 func start(t *testing.T, cfg Config) (*Publisher, *follower) {
 	t.Helper()
@@ -161,7 +177,7 @@ func TestSubscriberRebuildsThePrefixCache(t *testing.T) {
 				}
 				calls++
 				p.Observe(e, evs)
-				f.waitFor(t, p.queued.Load())
+				f.waitFor(t, settle(t, p))
 				if d := f.diff(blocks.Of(e.Prefix(), e.Config().PageSize)); d != "" {
 					t.Fatalf("call %d (step %d): %s", calls, e.StepNumber(), d)
 				}
@@ -197,13 +213,13 @@ func TestReplayFillsAForcedGap(t *testing.T) {
 		t.Fatal(err)
 	}
 	// One more batch, sent, so that the last gap shows.
-	for p.queued.Load()%9 == 4 || p.queued.Load()%9 == 5 {
+	for n := settle(t, p); n%9 == 4 || n%9 == 5; n = settle(t, p) {
 		p.queue <- pending{ts: 1, changes: nil, pageSize: 16}
 		p.queued.Add(1)
 	}
 	p.queue <- pending{ts: 1, changes: nil, pageSize: 16}
 	p.queued.Add(1)
-	f.waitFor(t, p.queued.Load())
+	f.waitFor(t, settle(t, p))
 	if d := f.diff(blocks.Of(last.Prefix(), last.Config().PageSize)); d != "" {
 		t.Fatal(d)
 	}
@@ -243,7 +259,7 @@ func TestAStuckSenderDoesNotSlowTheEngine(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	f.waitFor(t, p.queued.Load())
+	f.waitFor(t, settle(t, p))
 	if d := f.diff(blocks.Of(e.Prefix(), e.Config().PageSize)); d != "" {
 		t.Fatal(d)
 	}
@@ -280,5 +296,5 @@ func TestAStalledSubscriberDoesNotStopTheOthers(t *testing.T) {
 	}
 	p.queue <- pending{ts: 999, pageSize: 16, changes: []blocks.Change{{Kind: blocks.Cleared}}}
 	p.queued.Add(1)
-	f.waitFor(t, p.queued.Load())
+	f.waitFor(t, settle(t, p))
 }

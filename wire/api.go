@@ -73,7 +73,12 @@ func (s *Server) prepRecv(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	start := s.opts.Clock()
+	traced := func(error) {}
+	if s.opts.PrepRecvTrace != nil {
+		traced = s.opts.PrepRecvTrace(pr.ID, r.Header)
+	}
 	ans, err := s.r.PrepRecv(r.Context(), pr)
+	traced(err)
 	if err != nil {
 		return err
 	}

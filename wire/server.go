@@ -128,6 +128,10 @@ type Options struct {
 	// TraceRequests is how many recent requests /debug/dump_event_trace keeps (default
 	// 1024).
 	TraceRequests int
+	// PrepRecvTrace, when set, is given each prep_recv call's request id and headers
+	// before the call goes to the engine (a tracer takes the W3C traceparent there), and
+	// the function it returns is called with the call's error.
+	PrepRecvTrace func(id string, h http.Header) func(error)
 	// Clock stamps completions (default time.Now).
 	Clock func() time.Time
 	// Logf, when set, logs what a caller cannot see: stream clients that went away, answers

@@ -17,6 +17,7 @@ import (
 	"github.com/kvtop/kvtop/feed"
 	"github.com/kvtop/kvtop/record"
 	"github.com/kvtop/kvtop/sim"
+	"github.com/kvtop/kvtop/tracing"
 	"github.com/kvtop/kvtop/ui"
 	"github.com/kvtop/kvtop/wire"
 )
@@ -39,6 +40,7 @@ type dashboardConfig struct {
 	rate     float64
 	record   string
 	ui       ui.Options
+	otlp     string // the demo's request traces go here over OTLP/HTTP; empty: none
 }
 
 // parseDashboard reads the dashboard command's flags: the demo's (a scenario and the engine
@@ -81,6 +83,7 @@ The demo's scenarios (--scenario):
 	noColor := fs.Bool("no-color", false, "draw without colour (NO_COLOR in the environment does too)")
 	light := fs.Bool("light", false, "styles for a light terminal background")
 	mouse := fs.Bool("mouse", false, "use the mouse: click panels, rows, pages and the charts (to rewind); the wheel scrolls")
+	otlp := fs.String("otlp-endpoint", "", "the demo: export a trace of every request's lifecycle over OTLP/HTTP to this URL, http(s)://HOST:PORT[/PATH] (as 'kvtop serve --otlp-endpoint'); off by default")
 	buildEngine := engineFlags(fs)
 	return fs, func() (dashboardConfig, error) {
 		var dc dashboardConfig
@@ -107,6 +110,11 @@ The demo's scenarios (--scenario):
 		}
 		if set["token"] {
 			return dc, errors.New("--token is for --attach")
+		}
+		if dc.otlp = *otlp; dc.otlp != "" {
+			if _, err := tracing.ParseEndpoint(dc.otlp); err != nil {
+				return dc, fmt.Errorf("--otlp-endpoint: %w", err)
+			}
 		}
 		sc, err := sim.Lookup(*scenario)
 		if err != nil {
@@ -142,11 +150,15 @@ func runDashboard(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
 	defer stop()
-	src, name, control, err := dashboardSource(ctx, dc, stderr)
+	src, name, control, after, err := dashboardSource(ctx, dc, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvtop: %v\n", err)
 		return 1
 	}
+	defer func() {
+		stop() // the engine stops with ctx
+		after()
+	}()
 	opts := dc.ui
 	opts.Name, opts.Control = name, control
 	opts.Record = recordIn(".", time.Now)
@@ -196,8 +208,11 @@ func startRecording(ctx context.Context, path string) (*record.Recorder, func() 
 }
 
 // dashboardSource starts what the dashboard draws: the demo's engine and workload, or the
-// client attached to a server.
-func dashboardSource(ctx context.Context, dc dashboardConfig, stderr io.Writer) (ui.Source, string, bool, error) {
+// client attached to a server. after is to be called once ctx is done: it waits for the
+// demo's engine to stop and sends its last request traces, if any, saying on stderr what
+// became of them (the dashboard has the terminal while it runs, so the tracer logs nothing).
+func dashboardSource(ctx context.Context, dc dashboardConfig, stderr io.Writer) (src ui.Source, name string, control bool, after func(), err error) {
+	after = func() {}
 	if dc.attach != "" {
 		opts := wire.ClientOptions{Token: dc.token}
 		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -206,36 +221,56 @@ func dashboardSource(ctx context.Context, dc dashboardConfig, stderr io.Writer) 
 		switch {
 		case err == nil:
 			// The server's status says whether this client may control it.
-			return c, "", true, nil
+			return c, "", true, after, nil
 		case errors.Is(err, wire.ErrUnauthorized):
-			return nil, "", false, fmt.Errorf("attach %s: the server refused the token (pass the one 'kvtop serve --token' was given, with --token or $KVTOP_TOKEN)", dc.attach)
+			return nil, "", false, after, fmt.Errorf("attach %s: the server refused the token (pass the one 'kvtop serve --token' was given, with --token or $KVTOP_TOKEN)", dc.attach)
 		case errors.Is(err, wire.ErrVersion), errors.Is(err, wire.ErrForbidden):
-			return nil, "", false, fmt.Errorf("attach %s: %w", dc.attach, err)
+			return nil, "", false, after, fmt.Errorf("attach %s: %w", dc.attach, err)
 		}
 		// Not reachable yet: say so, and keep trying in the dashboard, which shows it.
 		fmt.Fprintf(stderr, "kvtop: cannot reach %s yet (%v); retrying in the dashboard\n", dc.attach, err)
 		c, err = wire.Attach(dc.attach, opts)
 		if err != nil {
-			return nil, "", false, err
+			return nil, "", false, after, err
 		}
-		return c, "", true, nil
+		return c, "", true, after, nil
 	}
 	e, err := engine.New(dc.engine)
 	if err != nil {
-		return nil, "", false, err
+		return nil, "", false, after, err
 	}
 	w, err := dc.scenario.New(dc.opts)
 	if err != nil {
-		return nil, "", false, err
+		return nil, "", false, after, err
+	}
+	var observers []runner.Observer
+	var tr *tracing.Tracer
+	if dc.otlp != "" {
+		if tr, err = tracing.Start(tracing.Config{Endpoint: dc.otlp, Version: version}); err != nil {
+			return nil, "", false, after, err
+		}
+		observers = append(observers, tr)
 	}
 	drv := sim.NewDriver(w, dc.scenario.Driver)
-	r := runner.New(e, runner.Config{StepsPerSec: dc.rate, Clock: time.Now, Hook: sim.NewHook(drv)})
+	r := runner.New(e, runner.Config{StepsPerSec: dc.rate, Clock: time.Now, Hook: sim.NewHook(drv), Observers: observers})
 	go r.Run(ctx)
-	name := "embedded · " + dc.scenario.Name
+	if tr != nil {
+		after = func() {
+			<-r.Done()
+			err := tr.Close()
+			st := tr.Stats()
+			fmt.Fprintf(stderr, "kvtop: request traces: %d of %d spans exported, %d exports failed, %d events dropped\n",
+				st.Exported, st.Spans, st.ExportFailures, st.DroppedEvents)
+			if err != nil {
+				fmt.Fprintf(stderr, "kvtop: request traces: %v\n", err)
+			}
+		}
+	}
+	name = "embedded · " + dc.scenario.Name
 	if dc.scenario.Name == "trace" {
 		name += " " + shortPath(dc.opts.TracePath)
 	}
-	return r.Local(), name, true, nil
+	return r.Local(), name, true, after, nil
 }
 
 func shortPath(p string) string {

@@ -16,13 +16,17 @@ import (
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/kvtop/kvtop/engine/runner"
 	"github.com/kvtop/kvtop/kvevents"
+	"github.com/kvtop/kvtop/tracing"
+	"github.com/kvtop/kvtop/wire"
 )
 
 // ecoOptions are serve's flags for the systems around a decode instance: KV events for
-// KV-aware routers. Everything is off unless its flag is given.
+// KV-aware routers and request traces for a tracing backend. Everything is off unless its
+// flag is given.
 type ecoOptions struct {
 	kvEvents   string // PUB endpoint, tcp://HOST:PORT
 	kvReplay   string // ROUTER endpoint for replay
@@ -31,11 +35,14 @@ type ecoOptions struct {
 	kvTopic    string
 	kvDial     bool
 	kvRemote   bool
+	otlp       string  // OTLP/HTTP traces URL
+	otlpSample float64 // the fraction of requests without a traceparent traced
 }
 
 // ecoBounds are the ranges of the ecosystem flags.
 var ecoBounds = map[string]bound{
 	"kv-events-buffer": ints(1, 1<<20),
+	"otlp-sample":      floats(0, 1, false),
 }
 
 // ecoFlags registers the ecosystem flags on fs and returns the function that checks them.
@@ -47,9 +54,17 @@ func ecoFlags(fs *flag.FlagSet) func() (ecoOptions, error) {
 	topic := fs.String("kv-events-topic", "", "with --kv-events: the topic of every message")
 	dial := fs.Bool("kv-events-dial", false, "with --kv-events: connect the PUB socket to a subscriber that listens (llm-d's indexer) instead of listening")
 	remote := fs.Bool("kv-events-remote", false, "with --kv-events: allow a non-loopback address; the events carry prompt token ids and ZMQ has no authentication here")
+	otlp := fs.String("otlp-endpoint", "", "export a trace of every request's lifecycle over OTLP/HTTP to this URL, http(s)://HOST:PORT[/PATH] (/v1/traces if no path: a Collector, Jaeger or Tempo); off by default")
+	sample := fs.Float64("otlp-sample", 1, "with --otlp-endpoint: the fraction of requests traced among those without a traceparent (a traceparent's sampled flag decides for the others)")
 	return func() (ecoOptions, error) {
-		o := ecoOptions{kvEvents: *kv, kvReplay: *replay, kvBuffer: *buffer, kvTopic: *topic, kvDial: *dial, kvRemote: *remote}
+		o := ecoOptions{kvEvents: *kv, kvReplay: *replay, kvBuffer: *buffer, kvTopic: *topic, kvDial: *dial, kvRemote: *remote,
+			otlp: *otlp, otlpSample: *sample}
 		var err error
+		if o.otlp != "" {
+			if _, err := tracing.ParseEndpoint(o.otlp); err != nil {
+				return o, fmt.Errorf("--otlp-endpoint: %w", err)
+			}
+		}
 		if o.kvEncoding, err = kvevents.ParseEncoding(*enc); err != nil {
 			return o, fmt.Errorf("--kv-events-encoding: %w", err)
 		}
@@ -91,6 +106,8 @@ type ecosystem struct {
 	collectors []prometheus.Collector
 	closers    []func() error
 	kv         *kvevents.Publisher
+	tracer     *tracing.Tracer
+	otlpURL    string
 }
 
 // startKVEvents starts the KV-event publisher when --kv-events is given.
@@ -122,16 +139,63 @@ func (eco *ecosystem) startKVEvents(o ecoOptions, logf func(string, ...any)) err
 	return nil
 }
 
+// startTracing starts the request tracer when --otlp-endpoint is given. Export failures
+// are logged whatever --verbose says: without them a tracing backend that is down is
+// silence.
+func (eco *ecosystem) startTracing(o ecoOptions, logf func(string, ...any)) error {
+	if o.otlp == "" {
+		return nil
+	}
+	t, err := tracing.Start(tracing.Config{Endpoint: o.otlp, Version: version, Logf: logf,
+		Sampler: sdktrace.ParentBased(sdktrace.TraceIDRatioBased(o.otlpSample))})
+	if err != nil {
+		return err
+	}
+	eco.tracer = t
+	eco.otlpURL, _ = tracing.ParseEndpoint(o.otlp)
+	eco.observers = append(eco.observers, t)
+	eco.closers = append(eco.closers, t.Close)
+	stat := func(f func(tracing.Stats) float64) func() float64 { return func() float64 { return f(t.Stats()) } }
+	eco.collectors = append(eco.collectors,
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_trace_spans_total", Help: "Request trace spans ended and handed to the OTLP exporter."},
+			stat(func(s tracing.Stats) float64 { return float64(s.Spans) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_trace_exported_spans_total", Help: "Request trace spans the OTLP endpoint accepted."},
+			stat(func(s tracing.Stats) float64 { return float64(s.Exported) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_trace_export_failures_total", Help: "OTLP exports that failed; their spans are lost."},
+			stat(func(s tracing.Stats) float64 { return float64(s.ExportFailures) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_trace_dropped_events_total", Help: "Engine events dropped because the span builder fell behind the engine (each loss ends the open spans as lost)."},
+			stat(func(s tracing.Stats) float64 { return float64(s.DroppedEvents) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_trace_losses_total", Help: "Losses of engine events, after each of which the spans open were ended with outcome lost."},
+			stat(func(s tracing.Stats) float64 { return float64(s.Lost) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvtop_trace_open_requests", Help: "Requests whose trace spans are open."},
+			stat(func(s tracing.Stats) float64 { return float64(s.Open) })),
+	)
+	return nil
+}
+
 // start starts what o asks for.
 func (eco *ecosystem) start(o ecoOptions, stderr io.Writer, verbose bool) error {
 	var logf func(string, ...any)
+	logger := log.New(stderr, "kvtop serve: ", log.LstdFlags)
 	if verbose {
-		logf = log.New(stderr, "kvtop serve: ", log.LstdFlags).Printf
+		logf = logger.Printf
 	}
 	if err := eco.startKVEvents(o, logf); err != nil {
 		return err
 	}
+	if err := eco.startTracing(o, logger.Printf); err != nil {
+		eco.close()
+		return err
+	}
 	return nil
+}
+
+// wire adds to the server's options what the ecosystem needs of it: the tracer takes
+// prep_recv's traceparent.
+func (eco *ecosystem) wire(opts *wire.Options) {
+	if eco.tracer != nil {
+		opts.PrepRecvTrace = eco.tracer.Remote
+	}
 }
 
 // describe says where what was started can be reached.
@@ -146,6 +210,9 @@ func (eco *ecosystem) describe(w io.Writer) {
 			fmt.Fprintf(w, " (replay tcp://%s)", a)
 		}
 		fmt.Fprintln(w)
+	}
+	if eco.tracer != nil {
+		fmt.Fprintf(w, "  request traces: OTLP/HTTP to %s\n", eco.otlpURL)
 	}
 }
 

@@ -40,7 +40,7 @@ type serveOptions struct {
 	// `--drive SCENARIO`: a simulated router and prefill instance driving the server over
 	// HTTP as real ones would. An error is logged; the server goes on.
 	drivers []func(ctx context.Context, baseURL, token string) error
-	// eco is what the ecosystem flags ask for (ecosystem.go): KV events.
+	// eco is what the ecosystem flags ask for (ecosystem.go): KV events, request traces.
 	eco ecoOptions
 }
 
@@ -293,6 +293,7 @@ func startServer(ctx context.Context, o serveOptions, stderr io.Writer) (*server
 	if o.verbose {
 		opts.Logf = log.New(stderr, "kvtop serve: ", log.LstdFlags).Printf
 	}
+	eco.wire(&opts)
 	ws := wire.NewServer(r, opts)
 	ws.Registry().MustRegister(eco.collectors...)
 	dctx, stopDrv := context.WithCancel(ctx)

@@ -99,38 +99,233 @@ type block struct {
 	depth  int32 // blocks from the root to this one, itself included
 }
 
-// seqState is what the tracker knows of a sequence of the prefix cache.
-type seqState struct {
-	held   bool
-	length int    // committed tokens, as of the last change seen
-	tail   *block // the last full block; nil while it has none
-}
-
-func (s *seqState) blocks() int {
-	if s.tail == nil {
-		return 0
+// ancestor returns the block of b's chain at depth d (nil for 0).
+func ancestor(b *block, d int) *block {
+	for b != nil && int(b.depth) > d {
+		b = b.parent
 	}
-	return int(s.tail.depth)
+	return b
 }
 
-// Tracker follows the block set of one prefix cache through the engine's events.
+// The work is split in two, so that the engine's goroutine does only its part: a Reader
+// follows the events and copies out the tokens of the pages that became full (the prefix
+// cache is the engine's, so only its goroutine may read it), and a Tracker hashes them and
+// keeps the block set, on any goroutine, from what the Reader wrote (Ops). A Tracker's
+// Track and Sync do both at once.
+
+// opKind says what an op does to a sequence's chain of blocks.
+type opKind uint8
+
+const (
+	// opClear forgets every sequence and block: what follows rebuilds them.
+	opClear opKind = iota
+	// opPoint points seq at the chain of src cut at depth (nothing for src -1 or depth 0):
+	// a prepare-receive match.
+	opPoint
+	// opGrow keeps the first depth blocks of seq's chain and stores the blocks after them
+	// whose tokens are Ops.toks[tok:], to a chain of want blocks.
+	opGrow
+)
+
+type op struct {
+	kind  opKind
+	seq   int64
+	src   int64 // opPoint
+	depth int32
+	want  int32 // opGrow
+	tok   int   // opGrow: where its tokens start in Ops.toks
+}
+
+// Ops are what a Reader read of one engine call or step, for a Tracker to apply: the
+// sequences' new chains and the tokens of their new blocks, copied out of the prefix cache.
+// An Ops is reused: Reset empties it and keeps its memory.
+type Ops struct {
+	ops  []op
+	toks []int32
+}
+
+// Reset empties o.
+func (o *Ops) Reset() {
+	o.ops = o.ops[:0]
+	o.toks = o.toks[:0]
+}
+
+// Len returns the number of operations in o; an empty Ops changes nothing.
+func (o *Ops) Len() int { return len(o.ops) }
+
+// Tokens returns the number of tokens o carries.
+func (o *Ops) Tokens() int { return len(o.toks) }
+
+// cursor is what a Reader knows of a sequence of the prefix cache.
+type cursor struct {
+	held   bool
+	length int   // committed tokens, as of the last change seen
+	blocks int32 // full blocks of its chain
+}
+
+// Reader is the engine's side of block tracking: it follows the events of every engine call
+// and step and writes down, as Ops, how each sequence's chain of blocks changed, with the
+// tokens of the pages that became full. It reads the prefix cache only for those, and keeps
+// a few integers a sequence: a decode step costs it a comparison per running sequence and a
+// copy of the tokens of each page filled. It hashes nothing.
+type Reader struct {
+	ps   int
+	seqs []cursor // by sequence id (the engine hands small ids out again)
+}
+
+// NewReader returns a reader for a prefix cache whose KV pages hold pageSize tokens. It
+// starts from an empty cache; Sync starts it from a cache as it is.
+func NewReader(pageSize int) *Reader {
+	if pageSize < 1 {
+		panic("blocks: page size must be positive")
+	}
+	return &Reader{ps: pageSize}
+}
+
+// PageSize returns the tokens of a block.
+func (r *Reader) PageSize() int { return r.ps }
+
+func (r *Reader) seq(id int64) *cursor {
+	if id < 0 {
+		return nil
+	}
+	for int64(len(r.seqs)) <= id {
+		r.seqs = append(r.seqs, cursor{})
+	}
+	return &r.seqs[id]
+}
+
+// Read follows the events of one engine call or step, c being the prefix cache after it,
+// and appends to o what they did to the sequences' blocks.
+func (r *Reader) Read(c *prefix.Cache, evs []engine.Event, o *Ops) {
+	for _, ev := range evs {
+		switch e := ev.(type) {
+		case engine.PrefixMatched:
+			r.matched(e, o)
+		case engine.SeqEvicted:
+			r.drop(e.Seq, o)
+		case engine.SeqRemoved:
+			r.drop(e.Seq, o)
+		case engine.PrefixChanged:
+			for i := range e.Upserts {
+				n := &e.Upserts[i]
+				for _, ref := range n.Seqs {
+					s := r.seq(ref.ID)
+					if s == nil || (s.held && s.length == n.Depth) {
+						continue
+					}
+					r.grow(c, ref.ID, s, n.Depth, o)
+				}
+			}
+		}
+	}
+}
+
+// Sync starts the reader over from the prefix cache as it is, and writes to o a clearing of
+// everything and then every sequence's blocks.
+func (r *Reader) Sync(c *prefix.Cache, o *Ops) {
+	r.seqs = r.seqs[:0]
+	o.ops = append(o.ops, op{kind: opClear})
+	for _, n := range c.Nodes() {
+		for _, ref := range n.Seqs {
+			r.grow(c, ref.ID, r.seq(ref.ID), n.Depth, o)
+		}
+	}
+}
+
+// matched starts a sequence's chain at prepare-receive: a new sequence holds nothing, a fork
+// holds its parent's blocks up to the fork point, a reuse keeps its own up to the match (the
+// rest was rolled back). The tokens past those come with the next PrefixChanged.
+func (r *Reader) matched(e engine.PrefixMatched, o *Ops) {
+	s := r.seq(e.Seq)
+	if s == nil {
+		return
+	}
+	keep := int32(e.Matched / r.ps)
+	pt := op{kind: opPoint, seq: e.Seq, src: -1}
+	switch e.Match {
+	case prefix.Fork:
+		if p := r.seq(e.Parent); p != nil && p.held {
+			pt.src, pt.depth = e.Parent, min(keep, p.blocks)
+		}
+	case prefix.Reuse:
+		if s.held {
+			pt.src, pt.depth = e.Seq, min(keep, s.blocks)
+		}
+	}
+	if pt.depth == 0 {
+		pt.src = -1
+	}
+	if unchanged := (pt.depth == 0 && s.blocks == 0) || (pt.src == e.Seq && pt.depth == s.blocks); !unchanged {
+		o.ops = append(o.ops, pt)
+	}
+	s.held, s.blocks = true, pt.depth
+	s.length = int(pt.depth) * r.ps
+}
+
+// drop forgets a sequence that left the cache.
+func (r *Reader) drop(id int64, o *Ops) {
+	s := r.seq(id)
+	if s == nil || !s.held {
+		return
+	}
+	if s.blocks > 0 {
+		o.ops = append(o.ops, op{kind: opPoint, seq: id, src: -1})
+	}
+	*s = cursor{}
+}
+
+// grow brings a sequence to its committed length l, copying out the tokens of the blocks it
+// filled.
+func (r *Reader) grow(c *prefix.Cache, id int64, s *cursor, l int, o *Ops) {
+	have := s.blocks
+	if !s.held || l < s.length {
+		// Not seen start, or shorter without a roll-back event: rebuild it from its tokens.
+		have = 0
+	}
+	want := int32(l / r.ps)
+	base := min(have, want)
+	if base != s.blocks || want != base {
+		g := op{kind: opGrow, seq: id, depth: base, want: want, tok: len(o.toks)}
+		if want > base {
+			n := int(want-base) * r.ps
+			var ok bool
+			o.toks, ok = c.AppendTokens(o.toks, id, int(base)*r.ps)
+			if !ok || len(o.toks)-g.tok < n {
+				panic(fmt.Sprintf("blocks: sequence %d: the prefix cache lists it at %d tokens but gives %d from %d", id, l, len(o.toks)-g.tok, int(base)*r.ps))
+			}
+			o.toks = o.toks[:g.tok+n]
+		}
+		o.ops = append(o.ops, g)
+	}
+	s.held, s.blocks, s.length = true, want, l
+}
+
+// Tracker follows the block set of one prefix cache: it applies what a Reader read (Apply),
+// on a goroutine of its own if need be, or reads and applies at once on the engine's
+// (Track, Sync).
 type Tracker struct {
 	ps     int
-	seqs   []seqState // by sequence id (the engine hands small ids out again)
+	tails  []*block // each sequence's last full block, by sequence id; nil while it has none
 	blocks map[uint64]*block
 	h      hasher
-	toks   []int32 // scratch: a sequence's new tokens
+	free   []*block // blocks released, for reuse
 
-	out []Change // the changes of the call being tracked
+	rd  *Reader // for Track and Sync
+	ops Ops
+
+	out []Change // the changes of the ops being applied
+	// The slices of out's changes: each change's are at the end of these while it is the
+	// last change, so it grows in place.
+	hashes []uint64
+	toks   []int32
+	shared bool // the buffers are reused from one Apply to the next
 }
 
 // NewTracker returns a tracker for a prefix cache whose KV pages hold pageSize tokens. It
 // starts from an empty cache; Sync starts it from a cache as it is.
 func NewTracker(pageSize int) *Tracker {
-	if pageSize < 1 {
-		panic("blocks: page size must be positive")
-	}
-	return &Tracker{ps: pageSize, blocks: make(map[uint64]*block)}
+	return &Tracker{ps: pageSize, rd: NewReader(pageSize), blocks: make(map[uint64]*block)}
 }
 
 // PageSize returns the tokens of a block.
@@ -142,118 +337,75 @@ func (t *Tracker) Len() int { return len(t.blocks) }
 // Has reports whether the block is held.
 func (t *Tracker) Has(hash uint64) bool { return t.blocks[hash] != nil }
 
-func (t *Tracker) seq(id int64) *seqState {
-	if id < 0 {
-		return nil
+func (t *Tracker) tail(id int64) **block {
+	for int64(len(t.tails)) <= id {
+		t.tails = append(t.tails, nil)
 	}
-	for int64(len(t.seqs)) <= id {
-		t.seqs = append(t.seqs, seqState{})
-	}
-	return &t.seqs[id]
+	return &t.tails[id]
 }
 
 // Track follows the events of one engine call or step, c being the prefix cache after it,
-// and returns the changes of the block set in the order they happened. The changes' slices
-// are the caller's.
+// and returns the changes of the block set in the order they happened: a Reader's Read and
+// Apply at once. The changes' slices are the caller's.
 func (t *Tracker) Track(c *prefix.Cache, evs []engine.Event) []Change {
-	t.out = nil
-	for _, ev := range evs {
-		switch e := ev.(type) {
-		case engine.PrefixMatched:
-			t.matched(e)
-		case engine.SeqEvicted:
-			t.drop(e.Seq)
-		case engine.SeqRemoved:
-			t.drop(e.Seq)
-		case engine.PrefixChanged:
-			for i := range e.Upserts {
-				n := &e.Upserts[i]
-				for _, ref := range n.Seqs {
-					s := t.seq(ref.ID)
-					if s == nil || (s.held && s.length == n.Depth) {
-						continue
-					}
-					t.grow(c, ref.ID, s, n.Depth)
-				}
+	t.ops.Reset()
+	t.rd.Read(c, evs, &t.ops)
+	return t.Apply(&t.ops)
+}
+
+// Sync starts the tracker over from the prefix cache as it is: its changes are Cleared,
+// then every block held, each chain once.
+func (t *Tracker) Sync(c *prefix.Cache) []Change {
+	t.ops.Reset()
+	t.rd.Sync(c, &t.ops)
+	return t.Apply(&t.ops)
+}
+
+// Apply applies what a Reader read of one engine call or step (or a Sync) and returns the
+// changes of the block set in the order they happened. The tracker must have applied every
+// Ops its Reader wrote before, since the last Sync. The changes' slices are the caller's; o
+// is left as it was.
+func (t *Tracker) Apply(o *Ops) []Change {
+	t.out, t.hashes, t.toks, t.shared = nil, nil, nil, false
+	return t.apply(o)
+}
+
+// ApplyShared is Apply with changes that are the tracker's: they and their slices are
+// valid until its next call. A consumer that encodes them at once allocates nothing then.
+func (t *Tracker) ApplyShared(o *Ops) []Change {
+	if !t.shared {
+		t.out, t.hashes, t.toks, t.shared = nil, nil, nil, true
+	}
+	t.out, t.hashes, t.toks = t.out[:0], t.hashes[:0], t.toks[:0]
+	return t.apply(o)
+}
+
+func (t *Tracker) apply(o *Ops) []Change {
+	for i := range o.ops {
+		p := &o.ops[i]
+		switch p.kind {
+		case opClear:
+			clear(t.tails)
+			t.tails = t.tails[:0]
+			clear(t.blocks)
+			t.out = append(t.out, Change{Kind: Cleared})
+		case opPoint:
+			var b *block
+			if p.src >= 0 {
+				b = ancestor(*t.tail(p.src), int(p.depth))
 			}
+			t.setTail(t.tail(p.seq), b)
+		case opGrow:
+			tp := t.tail(p.seq)
+			b := ancestor(*tp, int(p.depth))
+			toks := o.toks[p.tok:]
+			for k := range int(p.want - p.depth) {
+				b = t.store(b, toks[k*t.ps:(k+1)*t.ps])
+			}
+			t.setTail(tp, b)
 		}
 	}
 	return t.out
-}
-
-// matched starts a sequence's state at prepare-receive: a new sequence holds nothing, a fork
-// holds its parent's blocks up to the fork point, a reuse keeps its own up to the match (the
-// rest was rolled back). The tokens past those come with the next PrefixChanged.
-func (t *Tracker) matched(e engine.PrefixMatched) {
-	s := t.seq(e.Seq)
-	if s == nil {
-		return
-	}
-	keep := e.Matched / t.ps
-	switch e.Match {
-	case prefix.Fresh:
-		t.setTail(s, nil)
-	case prefix.Fork:
-		var tail *block
-		if p := t.seq(e.Parent); p != nil && p.held {
-			tail = ancestor(p.tail, min(keep, p.blocks()))
-		}
-		t.setTail(s, tail)
-	case prefix.Reuse:
-		if !s.held {
-			t.setTail(s, nil)
-			break
-		}
-		t.setTail(s, ancestor(s.tail, min(keep, s.blocks())))
-	}
-	s.held = true
-	s.length = s.blocks() * t.ps
-}
-
-// ancestor returns the block of b's chain at depth d (nil for 0).
-func ancestor(b *block, d int) *block {
-	for b != nil && int(b.depth) > d {
-		b = b.parent
-	}
-	return b
-}
-
-// drop forgets a sequence that left the cache.
-func (t *Tracker) drop(id int64) {
-	s := t.seq(id)
-	if s == nil || !s.held {
-		return
-	}
-	t.setTail(s, nil)
-	*s = seqState{}
-}
-
-// grow brings a sequence to its committed length l, hashing the blocks it filled.
-func (t *Tracker) grow(c *prefix.Cache, id int64, s *seqState, l int) {
-	have := s.blocks()
-	if !s.held || l < s.length {
-		// Not seen start, or shorter without a roll-back event: rebuild it from its tokens.
-		have = 0
-	}
-	want := l / t.ps
-	if want > have {
-		var ok bool
-		t.toks, ok = c.AppendTokens(t.toks[:0], id, have*t.ps)
-		if !ok || len(t.toks) < (want-have)*t.ps {
-			panic(fmt.Sprintf("blocks: sequence %d: the prefix cache lists it at %d tokens but gives %d from %d", id, l, len(t.toks), have*t.ps))
-		}
-		tail := ancestor(s.tail, have)
-		first := len(t.out)
-		for k := range want - have {
-			tail = t.store(tail, t.toks[k*t.ps:(k+1)*t.ps])
-		}
-		_ = first
-		t.setTail(s, tail)
-	} else if want < have {
-		t.setTail(s, ancestor(s.tail, want))
-	}
-	s.held = true
-	s.length = l
 }
 
 // store returns the block of tokens after parent, held or new; a new one is recorded as
@@ -270,7 +422,13 @@ func (t *Tracker) store(parent *block, tokens []int32) *block {
 		}
 		return b
 	}
-	b := &block{hash: h, parent: parent, depth: 1}
+	var b *block
+	if n := len(t.free); n > 0 {
+		b, t.free = t.free[n-1], t.free[:n-1]
+		*b = block{hash: h, parent: parent, depth: 1}
+	} else {
+		b = &block{hash: h, parent: parent, depth: 1}
+	}
 	if parent != nil {
 		parent.refs++
 		b.depth = parent.depth + 1
@@ -286,29 +444,41 @@ func (t *Tracker) stored(b *block, tokens []int32) {
 	if n := len(t.out); n > 0 {
 		last := &t.out[n-1]
 		if last.Kind == Stored && b.parent != nil && last.Hashes[len(last.Hashes)-1] == b.parent.hash {
-			last.Hashes = append(last.Hashes, b.hash)
-			last.Tokens = append(last.Tokens, tokens...)
+			last.Hashes = t.appendHash(last.Hashes, b.hash)
+			last.Tokens = t.appendTokens(last.Tokens, tokens)
 			return
 		}
 	}
-	ch := Change{Kind: Stored, Hashes: []uint64{b.hash}, Tokens: append([]int32(nil), tokens...)}
+	ch := Change{Kind: Stored, Hashes: t.appendHash(nil, b.hash), Tokens: t.appendTokens(nil, tokens)}
 	if b.parent != nil {
 		ch.Parent, ch.HasParent = b.parent.hash, true
 	}
 	t.out = append(t.out, ch)
 }
 
+// appendHash appends h to the last change's hashes, hs, which end t.hashes.
+func (t *Tracker) appendHash(hs []uint64, h uint64) []uint64 {
+	t.hashes = append(t.hashes, h)
+	return t.hashes[len(t.hashes)-len(hs)-1 : len(t.hashes) : len(t.hashes)]
+}
+
+// appendTokens appends toks to the last change's tokens, ts, which end t.toks.
+func (t *Tracker) appendTokens(ts, toks []int32) []int32 {
+	t.toks = append(t.toks, toks...)
+	return t.toks[len(t.toks)-len(ts)-len(toks) : len(t.toks) : len(t.toks)]
+}
+
 // setTail points a sequence at a new last block: the new one is held first, so the blocks
 // both share never leave.
-func (t *Tracker) setTail(s *seqState, b *block) {
-	if s.tail == b {
+func (t *Tracker) setTail(tp **block, b *block) {
+	if *tp == b {
 		return
 	}
 	if b != nil {
 		b.refs++
 	}
-	old := s.tail
-	s.tail = b
+	old := *tp
+	*tp = b
 	t.release(old)
 }
 
@@ -321,31 +491,19 @@ func (t *Tracker) release(b *block) {
 		}
 		delete(t.blocks, b.hash)
 		t.removed(b.hash)
-		b = b.parent
+		next := b.parent
+		*b = block{}
+		t.free = append(t.free, b)
+		b = next
 	}
 }
 
 func (t *Tracker) removed(h uint64) {
 	if n := len(t.out); n > 0 && t.out[n-1].Kind == Removed {
-		t.out[n-1].Hashes = append(t.out[n-1].Hashes, h)
+		t.out[n-1].Hashes = t.appendHash(t.out[n-1].Hashes, h)
 		return
 	}
-	t.out = append(t.out, Change{Kind: Removed, Hashes: []uint64{h}})
-}
-
-// Sync starts the tracker over from the prefix cache as it is: its changes are Cleared,
-// then every block held, each chain once.
-func (t *Tracker) Sync(c *prefix.Cache) []Change {
-	t.seqs = t.seqs[:0]
-	clear(t.blocks)
-	t.out = []Change{{Kind: Cleared}}
-	for _, n := range c.Nodes() {
-		for _, ref := range n.Seqs {
-			s := t.seq(ref.ID)
-			t.grow(c, ref.ID, s, n.Depth)
-		}
-	}
-	return t.out
+	t.out = append(t.out, Change{Kind: Removed, Hashes: t.appendHash(nil, h)})
 }
 
 // Block is a block as Of lists it.

@@ -207,3 +207,54 @@ func TestHashIsTheDocumentedFunction(t *testing.T) {
 		t.Errorf("the sign of a token does not change the hash")
 	}
 }
+
+// A Reader on the engine's side and a Tracker elsewhere, applying what it read, give the
+// changes Track gives, and so does ApplyShared (its changes read before the next call), a
+// resync now and then included.
+func TestReaderAndTrackerApartGiveTracksChanges(t *testing.T) {
+	var (
+		whole, apart, shared *blocks.Tracker
+		rd                   *blocks.Reader
+		o                    blocks.Ops
+	)
+	calls := 0
+	_, err := lockstep.Run("preempt", 3, 600, 50*time.Millisecond, nil, func(e *engine.Engine, evs []engine.Event) {
+		if t.Failed() {
+			return
+		}
+		ps := e.Config().PageSize
+		if whole == nil {
+			whole, apart, shared, rd = blocks.NewTracker(ps), blocks.NewTracker(ps), blocks.NewTracker(ps), blocks.NewReader(ps)
+		}
+		calls++
+		o.Reset()
+		var want []blocks.Change
+		if calls%97 == 0 {
+			want = whole.Sync(e.Prefix())
+			rd.Sync(e.Prefix(), &o)
+		} else {
+			want = whole.Track(e.Prefix(), evs)
+			rd.Read(e.Prefix(), evs, &o)
+		}
+		got := apart.Apply(&o)
+		if !sameChanges(got, want) {
+			t.Fatalf("call %d: Apply gives %v, Track %v", calls, got, want)
+		}
+		if sh := shared.ApplyShared(&o); !sameChanges(sh, want) {
+			t.Fatalf("call %d: ApplyShared gives %v, Track %v", calls, sh, want)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if whole.Len() == 0 || apart.Len() != whole.Len() || shared.Len() != whole.Len() {
+		t.Errorf("blocks held: %d by Track, %d by Apply, %d by ApplyShared; want the same, not 0", whole.Len(), apart.Len(), shared.Len())
+	}
+}
+
+func sameChanges(a, b []blocks.Change) bool {
+	return slices.EqualFunc(a, b, func(x, y blocks.Change) bool {
+		return x.Kind == y.Kind && x.Parent == y.Parent && x.HasParent == y.HasParent &&
+			slices.Equal(x.Hashes, y.Hashes) && slices.Equal(x.Tokens, y.Tokens)
+	})
+}

@@ -24,15 +24,26 @@
 //	// the block set from scratch, for a resync or a test:
 //	all := blocks.Of(e.Prefix(), cfg.PageSize)
 //
-// Track reads the prefix cache only for the sequences whose committed length the events
+// or, to keep the hashing off the engine's goroutine, a Reader there and a Tracker on a
+// goroutine of its own:
+//
+//	rd := blocks.NewReader(cfg.PageSize) // on the engine's goroutine
+//	var o blocks.Ops
+//	rd.Read(e.Prefix(), events, &o)      // or rd.Sync(e.Prefix(), &o) to start over
+//	// hand o over; then, elsewhere, every Ops in the order they were read:
+//	changes := t.Apply(&o)
+//
+// Read looks at the prefix cache only for the sequences whose committed length the events
 // say changed (a PrefixChanged event lists the nodes touched and the sequences ending at
-// each), and hashes only the blocks that became full: a decode step costs a comparison per
-// running sequence and a hash per page filled. Forks share their parent's blocks without
-// hashing them again.
+// each), and copies out only the tokens of the pages that became full: a decode step costs
+// it a comparison per running sequence and a copy of each page filled, and no allocation
+// once its Ops has grown. Apply hashes those pages, one hash a page; forks share their
+// parent's blocks without hashing them again.
 //
 // # Concurrency
 //
-// A Tracker is not safe for concurrent use: it reads the prefix cache, so it runs on the
-// engine's goroutine (a runner.Observer), and hands its Changes to whoever publishes them.
-// Changes own their slices.
+// Readers and Trackers are not safe for concurrent use. A Reader reads the prefix cache, so
+// it runs on the engine's goroutine (a runner.Observer); an Ops it wrote owns its memory and
+// may be handed to another goroutine, whose Tracker applies it. Track and Sync read too, so
+// they run on the engine's goroutine. Changes own their slices.
 package blocks

@@ -20,8 +20,8 @@ var rules = []struct {
 	{
 		name: "the engine does no I/O and draws nothing",
 		pkgs: []string{mod + "engine", mod + "engine/pages", mod + "engine/prefix", mod + "engine/prepare", mod + "engine/runner", mod + "engine/blocks"},
-		banned: []string{"net", "net/", "os/exec", "github.com/gorilla/", "github.com/prometheus/", "charm.land/",
-			mod + "ui", mod + "wire", mod + "wire/", mod + "record", mod + "sim"},
+		banned: []string{"net", "net/", "os/exec", "github.com/gorilla/", "github.com/prometheus/", "charm.land/", "go.opentelemetry.io/",
+			mod + "ui", mod + "wire", mod + "wire/", mod + "record", mod + "sim", mod + "tracing"},
 		why: "the engine is a deterministic core (and its goroutine wrapper): the server, the dashboard and recordings are built on it, never the other way round",
 	},
 	{
@@ -65,6 +65,18 @@ var rules = []struct {
 		pkgs:   []string{mod + "record"},
 		banned: []string{"net/http", "github.com/gorilla/", "github.com/prometheus/", mod + "wire"},
 		why:    "a recording is written and played back through wire/protocol alone",
+	},
+	{
+		name:   "request traces observe the engine, beside the server",
+		pkgs:   []string{mod + "tracing"},
+		banned: []string{mod + "wire", mod + "wire/", mod + "ui", mod + "kvevents", "github.com/prometheus/", "github.com/gorilla/"},
+		why:    "the tracer is one of the runner's observers, as the KV-event publisher is; the command wires it to the server and to /metrics",
+	},
+	{
+		name:   "the server knows no tracer",
+		pkgs:   []string{mod + "wire"},
+		banned: []string{mod + "tracing", "go.opentelemetry.io/"},
+		why:    "prep_recv's headers reach a tracer through wire.Options.PrepRecvTrace, a function the command hands the server",
 	},
 	{
 		name:   "the dashboard sees only its Source",
