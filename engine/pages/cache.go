@@ -464,3 +464,45 @@ func (c *Cache) check() {
 		}
 	}
 }
+
+// SwapPages exchanges the ids of pages a and b everywhere the cache holds them: in the
+// blocks that own them and in the free list (their places in it). Every structure stays as
+// sound as it was; only which physical page holds what changes. A follower uses it to make
+// its pages agree with the ones a real decode instance named. The KV payload is not moved.
+func (c *Cache) SwapPages(a, b int32) error {
+	if a < 0 || b < 0 || int(a) >= c.numPages || int(b) >= c.numPages {
+		return fmt.Errorf("pages: swap %d and %d: outside the pool of %d: %w", a, b, c.numPages, ErrBadPosition)
+	}
+	if a == b {
+		return nil
+	}
+	oa, ob := c.owner[a], c.owner[b]
+	rename := func(owner int32, from, to int32) {
+		if owner == noBlock {
+			i := slices.Index(c.free, from)
+			c.free[i] = to
+			return
+		}
+		pgs := c.blocks[owner].pages
+		pgs[slices.Index(pgs, from)] = to
+	}
+	if oa == ob && oa == noBlock {
+		ia, ib := slices.Index(c.free, a), slices.Index(c.free, b)
+		c.free[ia], c.free[ib] = b, a
+	} else if oa == ob {
+		pgs := c.blocks[oa].pages
+		ia, ib := slices.Index(pgs, a), slices.Index(pgs, b)
+		pgs[ia], pgs[ib] = b, a
+	} else {
+		rename(oa, a, b)
+		rename(ob, b, a)
+	}
+	c.owner[a], c.owner[b] = ob, oa
+	c.check()
+	return nil
+}
+
+// PageOwned reports whether a page belongs to a block (is not free).
+func (c *Cache) PageOwned(pg int32) bool {
+	return pg >= 0 && int(pg) < c.numPages && c.owner[pg] != noBlock
+}
