@@ -1018,3 +1018,31 @@ func pageUse(owner string, used bool) string {
 	}
 	return "held for " + owner
 }
+
+// Head returns the request at the head of the line of prepare-receive requests and its
+// last admission evaluation (ok false when none waits; ev.Reason is ReasonNone when it was
+// not found blocked).
+func (e *Engine) Head() (id string, ev prepare.Evaluation, ok bool) {
+	r := e.headPrep()
+	if r == nil {
+		return "", prepare.Evaluation{}, false
+	}
+	if r.eval != nil {
+		ev = *r.eval
+	}
+	return r.id, ev, true
+}
+
+// FollowRefused records that D refused a prep_recv the shadow saw arrive (a 4xx answer):
+// D never queued it, so the shadow forgets it.
+func (e *Engine) FollowRefused(now time.Time, id string) {
+	r := e.reqs[id]
+	if r == nil || r.state != StateWaiting {
+		return
+	}
+	e.followStep(now, func(*StepCompleted) {
+		e.forceEnd(r, "refused")
+		e.retire(r)
+		e.evaluateHead()
+	})
+}
