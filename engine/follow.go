@@ -124,7 +124,7 @@ func (s Standing) Describe(now int64) string {
 	default:
 		last := ""
 		if s.Last != nil {
-			last = fmt.Sprintf(" (last: %s, %s ago)", s.Last.What, agoText(now-s.Last.At))
+			last = fmt.Sprintf(" (last: %s, %s)", s.Last.What, agoText(now-s.Last.At))
 		}
 		parts = append(parts, fmt.Sprintf("diverged %d %s%s, exact since step %d", s.Divergences, plural(int(s.Divergences), "time", "times"), last, s.ExactSince))
 	}
@@ -148,11 +148,11 @@ func agoText(ms int64) string {
 	case d < time.Second:
 		return "just now"
 	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d.Seconds()))
+		return fmt.Sprintf("%ds ago", int(d.Seconds()))
 	case d < time.Hour:
-		return fmt.Sprintf("%d min", int(d.Minutes()))
+		return fmt.Sprintf("%d min ago", int(d.Minutes()))
 	}
-	return fmt.Sprintf("%.1f h", d.Hours())
+	return fmt.Sprintf("%.1f h ago", d.Hours())
 }
 
 // maxBeforeTap bounds the requests a standing lists as admitted before the tap.
@@ -966,32 +966,8 @@ func ShadowDiff(d, shadow Snapshot) []string {
 // shadow holds the same pages for the same requests, under ids of its own.
 func PageMapDiff(d, shadow Snapshot) []string {
 	use := func(s Snapshot) map[int32]string {
-		owners := map[int64]string{}
-		for _, o := range s.Owners {
-			owners[o.Seq] = o.ID
-		}
-		blockOf := map[int32]pages.BlockState{}
-		for _, b := range s.Pages.Blocks {
-			blockOf[b.ID] = b
-		}
-		sets := map[int32][]string{}
-		for _, sq := range s.Pages.Seqs {
-			for b := sq.Last; b >= 0; {
-				blk, ok := blockOf[b]
-				if !ok {
-					break
-				}
-				for _, p := range blk.Pages {
-					if o := owners[sq.ID]; !slices.Contains(sets[p], o) {
-						sets[p] = append(sets[p], o)
-					}
-				}
-				b = blk.Parent
-			}
-		}
 		out := map[int32]string{}
-		for p, o := range sets {
-			slices.Sort(o)
+		for p, o := range pageHolders(s) {
 			out[p] = strings.Join(o, "+")
 		}
 		return out
@@ -1010,6 +986,52 @@ func PageMapDiff(d, shadow Snapshot) []string {
 		}
 	}
 	return out
+}
+
+// RequestPages returns, for each request of a snapshot whose sequence holds pages, the
+// pages it holds (shared ones included), in ascending order.
+func RequestPages(s Snapshot) map[string][]int32 {
+	out := map[string][]int32{}
+	for p, holders := range pageHolders(s) {
+		for _, id := range holders {
+			out[id] = append(out[id], p)
+		}
+	}
+	for _, pgs := range out {
+		slices.Sort(pgs)
+	}
+	return out
+}
+
+// pageHolders returns, by page, the requests whose sequences hold it, sorted.
+func pageHolders(s Snapshot) map[int32][]string {
+	owners := map[int64]string{}
+	for _, o := range s.Owners {
+		owners[o.Seq] = o.ID
+	}
+	blockOf := map[int32]pages.BlockState{}
+	for _, b := range s.Pages.Blocks {
+		blockOf[b.ID] = b
+	}
+	sets := map[int32][]string{}
+	for _, sq := range s.Pages.Seqs {
+		for b := sq.Last; b >= 0; {
+			blk, ok := blockOf[b]
+			if !ok {
+				break
+			}
+			for _, p := range blk.Pages {
+				if o := owners[sq.ID]; !slices.Contains(sets[p], o) {
+					sets[p] = append(sets[p], o)
+				}
+			}
+			b = blk.Parent
+		}
+	}
+	for _, o := range sets {
+		slices.Sort(o)
+	}
+	return sets
 }
 
 func pageUse(owner string, used bool) string {

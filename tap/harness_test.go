@@ -182,7 +182,7 @@ func newTopology(t *testing.T, dcfgs []engine.Config, tcfg Config) *topology {
 	tp.tapSrv.Config.Handler = tp.tap
 	tp.tapSrv.Start()
 	proxy, _ := url.Parse(tp.tapSrv.URL)
-	tp.client = &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxy)}}
+	tp.client = &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxy)}, Timeout: 20 * time.Second}
 	tp.check = tp.same
 	return tp
 }
