@@ -23,6 +23,9 @@ import (
 	"github.com/kvtop/kvtop/wire"
 )
 
+// testStepsPerSec paces the decode instances a test starts (0: as fast as they go).
+var testStepsPerSec float64
+
 // decodeServer is a `kvtop serve` in the test: an engine, its runner and its HTTP server, on
 // loopback.
 type decodeServer struct {
@@ -38,7 +41,7 @@ func startDecode(t *testing.T, cfg engine.Config, ln net.Listener) *decodeServer
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := runner.New(e, runner.Config{Clock: time.Now})
+	r := runner.New(e, runner.Config{Clock: time.Now, StepsPerSec: testStepsPerSec})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); r.Run(ctx) }()

@@ -6,11 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"strings"
-	"syscall"
 
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/wire"
@@ -46,7 +44,17 @@ func (t *Tap) forward(w http.ResponseWriter, r *http.Request, target string) {
 	in := t.instanceOf(target)
 	t.mu.Lock()
 	in.calls++
+	restart := in.unreachable && !in.resetDone
+	if restart {
+		in.resetDone = true
+	}
+	sh := in.sh
 	t.mu.Unlock()
+	if restart && sh != nil {
+		// It was unreachable: whatever answers now knows nothing of what it held (a restart,
+		// or another process). The shadow starts over before this call's observations.
+		sh.offer(obs{kind: obsReset, at: t.cfg.Clock(), reason: target + " was unreachable: assumed restarted, the shadow starts over"})
+	}
 	if r.Method == http.MethodPost && isObserved(c.path) && r.Body != nil && r.ContentLength <= t.cfg.MaxObservedBody {
 		// The body is read here, then sent on as it came: these bodies are small JSON, and
 		// the prep_recv must reach the shadow before its answer can.
@@ -149,17 +157,16 @@ func (t *Tap) modifyResponse(resp *http.Response) error {
 	}
 	in := t.instanceOf(c.target)
 	t.mu.Lock()
-	back := in.unreachable
-	in.unreachable = false
+	if in.unreachable {
+		in.unreachable, in.resetDone = false, false
+		if strings.HasPrefix(in.note, "unreachable") {
+			in.note = ""
+		}
+	}
 	if resp.StatusCode >= 500 {
 		in.failures++
 	}
 	t.mu.Unlock()
-	if back {
-		if sh := t.existingShadow(c.target); sh != nil {
-			sh.offer(obs{kind: obsReset, at: t.cfg.Clock(), reason: c.target + " was unreachable and answers again: assumed restarted, the shadow starts over"})
-		}
-	}
 	if c.id == "" {
 		if resp.StatusCode == http.StatusNotFound && isObserved(c.path) {
 			t.setRole(c.target, "", "answers 404 to "+c.path+": not an MLC microserving instance?")
@@ -284,12 +291,11 @@ func (t *Tap) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		in := t.instanceOf(c.target)
 		t.mu.Lock()
 		if !gone {
+			// No answer at all: the instance is down, or gone and maybe back later as
+			// another process.
 			in.failures++
-			var op *net.OpError
-			if errors.As(err, &op) && op.Op == "dial" || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) {
-				in.unreachable = true
-				in.note = "unreachable: " + err.Error()
-			}
+			in.unreachable = true
+			in.note = "unreachable: " + err.Error()
 		}
 		t.mu.Unlock()
 		if c.id != "" && (c.path == pathPrepRecv || c.path == pathStartGenerate) {

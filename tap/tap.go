@@ -83,6 +83,7 @@ type instance struct {
 	calls       uint64
 	failures    uint64 // calls answered 5xx or not at all
 	unreachable bool
+	resetDone   bool    // its shadow started over since it became unreachable
 	sh          *shadow // decode instances only
 }
 
