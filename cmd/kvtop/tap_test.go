@@ -3,8 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"net/http"
+	"net/url"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kvtop/kvtop/feed"
 )
 
 // Bad flags are refused with exit status 2 and a message that names the flag.
@@ -50,5 +56,74 @@ func TestTapFlags(t *testing.T) {
 	}
 	if len(o.upstreams) != 2 || o.upstreams[0].listen != "127.0.0.1:7072" || o.upstreams[1].listen != "127.0.0.1:9000" || o.upstreams[1].url != "http://d1:8000" {
 		t.Errorf("upstreams = %+v", o.upstreams)
+	}
+}
+
+// The command's tap, end to end: a kvtop serve as D, a prep_recv through the tap as a
+// router's HTTP proxy, and the dashboard's side of it: the tap is recognised at --attach,
+// its fleet lists D, and D's shadow streams a snapshot that holds the request.
+func TestTapCommandFleet(t *testing.T) {
+	t.Setenv("KVTOP_TOKEN", "")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var errb syncBuffer
+	so, err := parseServe([]string{"--listen", "127.0.0.1:0", "--max-total-seq-len", "8192"}, &errb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := startServer(ctx, so, &errb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go d.Wait()
+	o, err := parseTap([]string{"--listen", "127.0.0.1:0", "--max-total-seq-len", "8192"}, &errb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp, servers, err := startTap(o, &errb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tp.Close()
+	go servers[0].hs.Serve(servers[0].ln)
+	defer servers[0].hs.Close()
+	proxy, _ := url.Parse("http://" + servers[0].addr)
+	cl := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxy)}}
+	resp, err := cl.Post(d.URL()+"/microserving/prep_recv", "application/json", strings.NewReader(`{"user":"r-1","prompt":[`+strings.Repeat("5,", 39)+`5],"end":-1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), "CAAAAAAAAABbMSwwLDM5XQ==") {
+		t.Fatalf("prep_recv through the tap: %s %s", resp.Status, b)
+	}
+	if _, ok := attachedTap(ctx, d.Addr(), ""); ok {
+		t.Error("a kvtop serve was taken for a tap")
+	}
+	fleet, ok := attachedTap(ctx, servers[0].addr, "")
+	if !ok {
+		t.Fatal("the tap was not recognised at --attach")
+	}
+	rows, err := fleet.Rows(ctx)
+	if err != nil || len(rows) != 1 || rows[0].Address != d.Addr() || rows[0].Role != "decode" || rows[0].Prepared != 1 {
+		t.Fatalf("fleet rows = %+v, %v", rows, err)
+	}
+	src, err := fleet.Open(ctx, d.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	var u feed.Update
+	for u.Snapshot == nil {
+		select {
+		case <-src.C():
+		case <-time.After(10 * time.Second):
+			t.Fatal("no snapshot from the shadow's stream")
+		}
+		u = src.Take()
+	}
+	if u.Snapshot == nil || len(u.Snapshot.Requests) != 1 || u.Snapshot.Requests[0].ID != "r-1" || u.Snapshot.Follow == nil {
+		t.Errorf("the shadow's snapshot = %+v", u.Snapshot)
 	}
 }
