@@ -19,7 +19,9 @@ type fakeFleet struct {
 	srcs   []*fakeSource
 }
 
-func (f *fakeFleet) Rows(context.Context) ([]FleetRow, error) { return append([]FleetRow{}, f.rows...), nil }
+func (f *fakeFleet) Rows(context.Context) ([]FleetRow, error) {
+	return append([]FleetRow{}, f.rows...), nil
+}
 
 func (f *fakeFleet) Open(_ context.Context, addr string) (Source, error) {
 	f.opened = append(f.opened, addr)
