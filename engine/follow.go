@@ -737,13 +737,17 @@ func (e *Engine) FollowTokens(now time.Time, id string, n int, tokens []int32) (
 	}
 	var out Divergence
 	diverged := false
-	for i := 0; i < n && !diverged; i++ {
-		tok := int32(-1)
-		if i < len(tokens) {
-			tok = tokens[i]
+	// The tokens are D's steps of this request; they are applied in one step of the shadow
+	// (a step's cost is the engine's; D's steps are not the shadow's to count).
+	e.followStep(now, func(sc *StepCompleted) {
+		for i := 0; i < n && !diverged; i++ {
+			tok := int32(-1)
+			if i < len(tokens) {
+				tok = tokens[i]
+			}
+			out, diverged = e.followToken(sc, r, tok)
 		}
-		e.followStep(now, func(sc *StepCompleted) { out, diverged = e.followToken(sc, r, tok) })
-	}
+	})
 	return out, diverged
 }
 
@@ -770,7 +774,7 @@ func (e *Engine) followToken(sc *StepCompleted, r *request, tok int32) (Divergen
 			e.alt.extend(r, r.prompt[r.tailPos:r.tailPos+chunk])
 			r.tailPos += chunk
 			r.pending -= chunk
-			sc.Prefilled++
+			sc.Prefilled = 1
 			e.emit(PagesReserved{Stamp: e.mark(), Seq: r.seq, ID: r.id, N: chunk, NewPages: newPages})
 			e.emit(Prefilled{Stamp: e.mark(), ID: r.id, Tokens: chunk, Remaining: r.pending})
 		}
@@ -794,7 +798,9 @@ func (e *Engine) followToken(sc *StepCompleted, r *request, tok int32) (Divergen
 		}
 		e.alt.extend(r, []int32{r.lastToken})
 		e.sample(r)
-		sc.Action = ActionDecode
+		if sc.Action != ActionPrefill {
+			sc.Action = ActionDecode
+		}
 		sc.Decoded = 1
 		e.emit(Decoded{Stamp: e.mark(), IDs: []string{r.id}})
 	}

@@ -37,6 +37,13 @@ type decodeServer struct {
 
 func startDecode(t *testing.T, cfg engine.Config, ln net.Listener) *decodeServer {
 	t.Helper()
+	return startDecodeOn(t, cfg, ln)
+}
+
+func startDecodeTB(tb testing.TB, cfg engine.Config) *decodeServer { return startDecodeOn(tb, cfg, nil) }
+
+func startDecodeOn(t testing.TB, cfg engine.Config, ln net.Listener) *decodeServer {
+	t.Helper()
 	e, err := engine.New(cfg)
 	if err != nil {
 		t.Fatal(err)

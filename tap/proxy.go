@@ -371,6 +371,7 @@ type sseObserver struct {
 	sh    *shadow
 	id    string
 	line  []byte
+	batch []byte // the payloads of the chunks of this read, a line each
 	ended bool
 }
 
@@ -394,6 +395,12 @@ func (s *sseObserver) Read(p []byte) (int, error) {
 		s.data(bytes.TrimRight(s.line, "\r"))
 		s.line = s.line[:0]
 		b = b[i+1:]
+	}
+	// One observation a read, whatever chunks it brought: the stream pays a copy and one
+	// offer, and the chunks are read on the shadow's goroutine.
+	if len(s.batch) > 0 {
+		s.sh.offer(obs{kind: obsChunk, at: s.t.cfg.Clock(), id: s.id, raw: s.batch})
+		s.batch = nil
 	}
 	if err != nil {
 		s.end()
@@ -424,17 +431,41 @@ func (s *sseObserver) data(line []byte) {
 	if string(payload) == "[DONE]" {
 		return
 	}
-	var c wire.Completion
-	if json.Unmarshal(payload, &c) != nil || len(c.Choices) == 0 {
-		return
+	if bytes.Contains(payload, []byte(`"finish_reason":"`)) {
+		s.ended = true // the stream's end is the chunk's to say; none is inferred after it
 	}
-	ch := c.Choices[0]
-	now := s.t.cfg.Clock()
-	if toks, n := tokensOf(ch.Text); n > 0 {
-		s.sh.offer(obs{kind: obsTokens, at: now, id: s.id, n: n, tokens: toks})
+	if len(s.batch) > 0 {
+		s.batch = append(s.batch, '\n')
 	}
-	if ch.FinishReason != nil && *ch.FinishReason != "" {
-		s.ended = true
-		s.sh.offer(obs{kind: obsEnded, at: now, id: s.id, reason: *ch.FinishReason})
+	s.batch = append(s.batch, payload...)
+}
+
+// parseChunk reads the completion chunks of one observation (on the shadow's goroutine):
+// their tokens, and the finish reason.
+func (sh *shadow) parseChunk(o obs) ([]int32, int, string) {
+	var toks []int32
+	n, unknown := 0, false
+	for line := range bytes.SplitSeq(o.raw, []byte("\n")) {
+		var c wire.Completion
+		if json.Unmarshal(line, &c) != nil || len(c.Choices) == 0 {
+			continue
+		}
+		ch := c.Choices[0]
+		t, k := tokensOf(ch.Text)
+		unknown = unknown || (k > 0 && t == nil)
+		toks, n = append(toks, t...), n+k
+		if ch.FinishReason != nil && *ch.FinishReason != "" {
+			return known(toks, unknown), n, *ch.FinishReason
+		}
 	}
+	return known(toks, unknown), n, ""
+}
+
+// known is toks, or nil when some of their ids were not shown (the shadow's stand-ins then
+// stand for all of them).
+func known(toks []int32, unknown bool) []int32 {
+	if unknown {
+		return nil
+	}
+	return toks
 }

@@ -26,6 +26,7 @@ const (
 	obsAborted                 // the client went away, or asked D to abort
 	obsReset                   // the shadow starts over
 	obsSync                    // nothing: done is closed once what came before is applied
+	obsChunk                   // a chunk of a streamed completion, as it came (raw)
 )
 
 // obs is one observation for a shadow, stamped with the tap's clock when seen.
@@ -40,6 +41,7 @@ type obs struct {
 	tokens []int32
 	reason string
 	done   chan struct{}
+	raw    []byte
 }
 
 // shadow is the engine that follows one decode instance, its runner, and the wire server
@@ -65,6 +67,7 @@ type shadow struct {
 	divergences atomic.Uint64
 	byKind      [8]atomic.Uint64
 	lastCause   atomic.Value // string
+	held        *obs         // taken off the queue by coalesce, applied next (run's goroutine)
 }
 
 func newShadow(t *Tap, addr string, cfg engine.Config) (*shadow, error) {
@@ -93,7 +96,7 @@ func (s *shadow) start() error {
 		r.Run(ctx)
 	}()
 	srv := wire.NewServer(r, wire.Options{Token: s.t.cfg.Token, Hosts: s.t.cfg.Hosts, Version: s.t.cfg.Version + " tap of " + s.addr,
-		Limits: s.t.cfg.Limits, Clock: s.t.cfg.Clock, Logf: s.t.cfg.Logf})
+		Limits: s.t.cfg.Limits, Clock: s.t.cfg.Clock, Logf: s.t.cfg.Logf, NoTrace: true})
 	s.mu.Lock()
 	old, oldSrv, oldDone := s.stop, s.srv, s.done
 	s.r, s.srv, s.stop, s.done = r, srv, cancel, done
@@ -124,6 +127,17 @@ func (s *shadow) offer(o obs) {
 	}
 }
 
+// next returns the queue, or a channel holding the observation coalesce took off it.
+func (s *shadow) next() <-chan obs {
+	if s.held == nil {
+		return s.q
+	}
+	c := make(chan obs, 1)
+	c <- *s.held
+	s.held = nil
+	return c
+}
+
 // run applies observations in order until the tap closes.
 func (s *shadow) run() {
 	defer s.t.wg.Done()
@@ -137,7 +151,7 @@ func (s *shadow) run() {
 			stop()
 			<-done
 			return
-		case o := <-s.q:
+		case o := <-s.next():
 			if s.overflow.Swap(false) {
 				s.reset(o.at, fmt.Sprintf("%d observations were lost (the shadow's queue of %d was full): the shadow starts over", s.dropped.Load(), cap(s.q)))
 			}
@@ -149,9 +163,36 @@ func (s *shadow) run() {
 				s.reset(o.at, o.reason)
 				continue
 			}
+			if o.kind == obsChunk {
+				// A shadow behind its stream applies what is queued of it at once.
+				o = s.coalesce(o)
+			}
 			s.apply(o)
 		}
 	}
+}
+
+// coalesce joins the chunks of one stream waiting in the queue after o into one
+// observation of their tokens (and its end), so that a shadow that fell behind a fast
+// stream catches up in one step. It takes only chunks of the same request, and stops at
+// anything else (which stays first in line: it is put in s.next).
+func (s *shadow) coalesce(o obs) obs {
+	toks, n, end := s.parseChunk(o)
+	unknown := n > 0 && toks == nil
+	for end == "" && len(s.q) > 0 {
+		next := <-s.q
+		if next.kind != obsChunk || next.id != o.id {
+			s.held = &next
+			break
+		}
+		t, k, e := s.parseChunk(next)
+		unknown = unknown || (k > 0 && t == nil)
+		toks, n, end, o.at = append(toks, t...), n+k, e, next.at
+	}
+	if unknown {
+		toks = nil // ids the stream did not show: the shadow's stand-ins, for all of them
+	}
+	return obs{kind: obsTokens, at: o.at, id: o.id, n: n, tokens: toks, reason: end}
 }
 
 // reset tells the viewers of the current engine that it starts over, and replaces it.
@@ -196,7 +237,12 @@ func (s *shadow) apply(o obs) {
 		case obsStarted:
 			err = e.FollowStarted(o.at, o.id, o.begin)
 		case obsTokens:
-			e.FollowTokens(o.at, o.id, o.n, o.tokens)
+			if o.n > 0 {
+				e.FollowTokens(o.at, o.id, o.n, o.tokens)
+			}
+			if o.reason != "" {
+				e.FollowEnded(o.at, o.id, o.reason)
+			}
 		case obsEnded:
 			e.FollowEnded(o.at, o.id, o.reason)
 		case obsAborted:
@@ -216,5 +262,5 @@ func (s *shadow) apply(o obs) {
 }
 
 func kindName(k obsKind) string {
-	return [...]string{"prep_recv", "answer", "refusal", "remote_send answer", "start_generate", "tokens", "end", "abort", "reset"}[k]
+	return [...]string{"prep_recv", "answer", "refusal", "remote_send answer", "start_generate", "tokens", "end", "abort", "reset", "sync", "chunk"}[k]
 }

@@ -128,6 +128,9 @@ type Options struct {
 	// TraceRequests is how many recent requests /debug/dump_event_trace keeps (default
 	// 1024).
 	TraceRequests int
+	// NoTrace keeps no trace: /debug/dump_event_trace answers an empty one, and the server
+	// does not follow the engine for it (a tap's shadows, which serve no such call).
+	NoTrace bool
 	// Clock stamps completions (default time.Now).
 	Clock func() time.Time
 	// Logf, when set, logs what a caller cannot see: stream clients that went away, answers
@@ -221,11 +224,13 @@ func NewServer(r *runner.Runner, opts Options) *Server {
 	m := s.mux["/metrics"]
 	m.handler = s.metricsHandler()
 	s.mux["/metrics"] = m
-	s.conns.Add(1)
-	go func() {
-		defer s.conns.Done()
-		s.trace.run(s.ctx, r)
-	}()
+	if !opts.NoTrace {
+		s.conns.Add(1)
+		go func() {
+			defer s.conns.Done()
+			s.trace.run(s.ctx, r)
+		}()
+	}
 	return s
 }
 
