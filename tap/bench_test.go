@@ -63,7 +63,9 @@ func benchRoundTrip(b *testing.B, rate float64) {
 	tapped := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxy), MaxIdleConnsPerHost: 8}}
 	// A plain forward proxy (the standard library's, no shadow): what the hop alone costs.
 	plain := httptest.NewServer(&httputil.ReverseProxy{
-		Rewrite:       func(pr *httputil.ProxyRequest) { pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = "http", pr.In.URL.Host, pr.In.Host },
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = "http", pr.In.URL.Host, pr.In.Host
+		},
 		FlushInterval: -1,
 	})
 	defer plain.Close()

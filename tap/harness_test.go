@@ -40,7 +40,9 @@ func startDecode(t *testing.T, cfg engine.Config, ln net.Listener) *decodeServer
 	return startDecodeOn(t, cfg, ln)
 }
 
-func startDecodeTB(tb testing.TB, cfg engine.Config) *decodeServer { return startDecodeOn(tb, cfg, nil) }
+func startDecodeTB(tb testing.TB, cfg engine.Config) *decodeServer {
+	return startDecodeOn(tb, cfg, nil)
+}
 
 func startDecodeOn(t testing.TB, cfg engine.Config, ln net.Listener) *decodeServer {
 	t.Helper()
