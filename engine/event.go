@@ -261,7 +261,11 @@ type Divergence struct {
 	ShadowMetadata string         `json:"shadow_metadata,omitempty"`
 	DMetadata      string         `json:"d_metadata,omitempty"`
 	Swaps          []PageSwap     `json:"swaps,omitempty"`
-	Reset          bool           `json:"reset,omitempty"`
+	// Unknown are pages the shadow had free that D holds for something the shadow does not
+	// know (it handed out pages below them): they go to the bottom of the free list (applied
+	// with the event, after the swaps) and are counted as of unknown use.
+	Unknown []int32 `json:"unknown,omitempty"`
+	Reset   bool    `json:"reset,omitempty"`
 }
 
 // HazardDetected fires when the engine sees something that MLC lets happen silently and that

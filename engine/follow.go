@@ -192,13 +192,15 @@ type followState struct {
 	standing Standing
 	// beforeTap holds the requests admitted before the tap, with the tokens seen of each.
 	beforeTap map[string]int
+	// unknown holds the pages the shadow has free that D holds for what it does not know.
+	unknown map[int32]bool
 }
 
 // Follow turns follow mode on: the engine is a shadow and keeps its Standing. Call it once,
 // on a fresh engine.
 func (e *Engine) Follow() {
 	if e.follow == nil {
-		e.follow = &followState{beforeTap: make(map[string]int)}
+		e.follow = &followState{beforeTap: make(map[string]int), unknown: make(map[int32]bool)}
 	}
 }
 
@@ -207,6 +209,7 @@ func (e *Engine) Standing() Standing {
 	if e.follow == nil {
 		return Standing{}
 	}
+	e.follow.standing.UnknownPages = e.unknownPages()
 	return e.follow.standing.clone()
 }
 
@@ -441,14 +444,14 @@ func (e *Engine) followAdmit(sc *StepCompleted, id string, d Answer) (Divergence
 	}
 	div.What = DivergedMetadata
 	div.Cause = "D reserved other pages than the shadow predicted: the eviction order, or pages whose use the shadow does not know (before the tap, or pages added during decode)"
-	swaps, evicted, err := e.resyncPages(r, d.Metadata)
+	swaps, evicted, unknown, err := e.resyncPages(r, d.Metadata)
 	switch {
 	case err != nil:
 		div.Cause += fmt.Sprintf("; the pages could not be resynced: %v", err)
 	case len(evicted) > 0:
 		div.Cause += fmt.Sprintf("; D reused the pages of recycling seq %v, which it must have evicted", evicted)
 	}
-	div.Swaps = swaps
+	div.Swaps, div.Unknown = swaps, unknown
 	if e.follow != nil {
 		e.follow.standing.UnknownPages = e.unknownPages()
 	}
@@ -459,23 +462,23 @@ func (e *Engine) followAdmit(sc *StepCompleted, id string, d Answer) (Divergence
 // of D's slots the shadow does not give r, a recycling sequence holding it in the shadow is
 // removed (D reused its page, so D evicted it), and then the page and the one the shadow
 // gave r are swapped. It returns the swaps and the sequences removed.
-func (e *Engine) resyncPages(r *request, metadata string) ([]PageSwap, []int64, error) {
+func (e *Engine) resyncPages(r *request, metadata string) ([]PageSwap, []int64, []int32, error) {
 	arr, err := prepare.Decode(metadata)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	md, err := prepare.Split(arr)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if len(md) != len(r.runs) {
-		return nil, nil, fmt.Errorf("D's metadata has %d models, the shadow's %d", len(md), len(r.runs))
+		return nil, nil, nil, fmt.Errorf("D's metadata has %d models, the shadow's %d", len(md), len(r.runs))
 	}
 	ps := int64(e.cfg.PageSize)
 	limit := int64(e.caches[0].NumPages()) * ps
 	theirs, ours := slotsOf(md[0]), slotsOf(r.runs[0])
 	if len(theirs) != len(ours) {
-		return nil, nil, fmt.Errorf("D reserved %d slots, the shadow %d", len(theirs), len(ours))
+		return nil, nil, nil, fmt.Errorf("D reserved %d slots, the shadow %d", len(theirs), len(ours))
 	}
 	// The pages, in order, each with the in-page offset of its first slot: both sides must
 	// lay the same tokens out on the same offsets, only on other pages.
@@ -495,16 +498,16 @@ func (e *Engine) resyncPages(r *request, metadata string) ([]PageSwap, []int64, 
 	}
 	for _, s := range theirs {
 		if s < 0 || s >= limit {
-			return nil, nil, fmt.Errorf("D's slot %d is beyond the shadow's %d pages: D has more pages than the shadow's configuration", s, e.caches[0].NumPages())
+			return nil, nil, nil, fmt.Errorf("D's slot %d is beyond the shadow's %d pages: D has more pages than the shadow's configuration", s, e.caches[0].NumPages())
 		}
 	}
 	tp, op := pagesOf(theirs), pagesOf(ours)
 	if len(tp) != len(op) {
-		return nil, nil, fmt.Errorf("D's slots lie on %d pages, the shadow's on %d", len(tp), len(op))
+		return nil, nil, nil, fmt.Errorf("D's slots lie on %d pages, the shadow's on %d", len(tp), len(op))
 	}
 	for i := range tp {
 		if tp[i].off != op[i].off {
-			return nil, nil, fmt.Errorf("D's slots on page %d start at offset %d, the shadow's at %d", tp[i].page, tp[i].off, op[i].off)
+			return nil, nil, nil, fmt.Errorf("D's slots on page %d start at offset %d, the shadow's at %d", tp[i].page, tp[i].off, op[i].off)
 		}
 	}
 	// A page of D's that a recycling sequence holds in the shadow: D evicted that sequence.
@@ -530,6 +533,14 @@ func (e *Engine) resyncPages(r *request, metadata string) ([]PageSwap, []int64, 
 		}
 		e.removeSeq(seq)
 	}
+	// D took pages from deeper in its free list than the shadow's predicted ones: the pages
+	// above them in the shadow's list (as it was before this request) are held on D for
+	// what the shadow does not know. Their use is unknown; they go to the bottom.
+	theirPages := make([]int32, len(tp))
+	for i, p := range tp {
+		theirPages[i] = p.page
+	}
+	unknown := e.unknownAbove(theirPages, e.newPages(r.runs[0]))
 	// Swap page by page: op[i] is where the shadow put r's i-th page; swaps made earlier
 	// may have moved it.
 	var swaps []PageSwap
@@ -551,7 +562,51 @@ func (e *Engine) resyncPages(r *request, metadata string) ([]PageSwap, []int64, 
 		}
 	}
 	e.applySwaps(swaps)
-	return swaps, evicted, nil
+	e.caches[0].SinkFree(unknown)
+	for _, c := range e.caches[1:] {
+		c.SinkFree(unknown)
+	}
+	if f := e.follow; f != nil {
+		for _, p := range tp {
+			delete(f.unknown, p.page) // explained: D reserved it for this request
+		}
+		for _, p := range unknown {
+			f.unknown[p] = true
+		}
+	}
+	return swaps, evicted, unknown, nil
+}
+
+// unknownAbove returns the pages the shadow takes for free that D holds for what the shadow
+// does not know: those above the deepest of D's pages in the shadow's free list (D would
+// have handed them out first, had they been free), and the fresh pages the shadow took for
+// the request and D did not. fresh are the shadow's; theirs D's, in order.
+func (e *Engine) unknownAbove(theirs []int32, fresh []int32) []int32 {
+	free := e.caches[0].FreeList()
+	pos := make(map[int32]int, len(free))
+	for i, p := range free {
+		pos[p] = i
+	}
+	deepest := -1
+	for _, p := range theirs {
+		if i, ok := pos[p]; ok && (deepest < 0 || i < deepest) {
+			deepest = i
+		}
+	}
+	var out []int32
+	if deepest >= 0 {
+		for _, p := range free[deepest+1:] {
+			if !slices.Contains(theirs, p) {
+				out = append(out, p)
+			}
+		}
+	}
+	for _, p := range fresh {
+		if !slices.Contains(theirs, p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // slotsOf writes runs out slot by slot.
@@ -662,11 +717,19 @@ func remapRuns(runs [][]pages.Run, perm map[int32]int32, pageSize int) ([][]page
 	return out, prepare.Encode(flat)
 }
 
-// unknownPages counts the pages in use that no live or recycling sequence of a known
-// request explains: none in a shadow that only ever followed D, the count of what resyncs
-// moved onto other sequences otherwise. (A page map that disagrees shows there first.)
+// unknownPages counts the pages of unknown use still free in the shadow (one the shadow
+// has handed out since was free on D after all, or is D's now for a request it knows).
 func (e *Engine) unknownPages() int {
-	return 0
+	f := e.follow
+	if f == nil {
+		return 0
+	}
+	for p := range f.unknown {
+		if e.caches[0].PageOwned(p) {
+			delete(f.unknown, p)
+		}
+	}
+	return len(f.unknown)
 }
 
 // FollowKVReceived records that P finished sending a request's KV (remote_send answered):

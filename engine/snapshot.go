@@ -840,6 +840,7 @@ func (v *View) apply(ev Event) error {
 		if err := v.applySwaps(e.Swaps); err != nil {
 			return err
 		}
+		v.cache.SinkFree(e.Unknown)
 		if v.follow == nil {
 			v.follow = &Standing{}
 		}

@@ -113,8 +113,17 @@ func TestTapStartedMidFlight(t *testing.T) {
 		t.Errorf("after the resync, new: D %v %s, the shadow %v %s", dr.Runs, dr.State, sr.Runs, sr.State)
 	}
 	st := tp.standing(d.addr())
-	if st.Divergences == 0 || st.Last == nil || st.Last.What != engine.DivergedMetadata {
-		t.Errorf("standing %+v: want a metadata divergence for the pages of before the tap", st)
+	if st.Divergences != 1 || st.Last == nil || st.Last.What != engine.DivergedMetadata {
+		t.Fatalf("standing %+v: want one metadata divergence for the pages of before the tap", st)
+	}
+	// The pages pre holds on D are of unknown use to the shadow, which hands them out last:
+	// the next request's pages are predicted.
+	if st.UnknownPages == 0 || !strings.Contains(st.Describe(0), "pages of unknown use") {
+		t.Errorf("standing %q: want the pages of before the tap counted as of unknown use", st.Describe(0))
+	}
+	tp.flow(0, "next", prompt(3, 100), 4)
+	if st := tp.standing(d.addr()); st.Divergences != 1 {
+		t.Errorf("after the resync, the next request diverged too: %+v", st.Last)
 	}
 }
 

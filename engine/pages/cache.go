@@ -506,3 +506,37 @@ func (c *Cache) SwapPages(a, b int32) error {
 func (c *Cache) PageOwned(pg int32) bool {
 	return pg >= 0 && int(pg) < c.numPages && c.owner[pg] != noBlock
 }
+
+// SinkFree moves free pages to the bottom of the free list, keeping their order and the
+// others': they are handed out last. A follower uses it for pages it believes free that the
+// instance it follows holds for something it does not know (a page not free is left alone).
+func (c *Cache) SinkFree(pgs []int32) {
+	if len(pgs) == 0 {
+		return
+	}
+	sink := make(map[int32]bool, len(pgs))
+	for _, p := range pgs {
+		if p >= 0 && int(p) < c.numPages && c.owner[p] == noBlock {
+			sink[p] = true
+		}
+	}
+	if len(sink) == 0 {
+		return
+	}
+	out := make([]int32, 0, len(c.free))
+	for _, p := range c.free {
+		if sink[p] {
+			out = append(out, p)
+		}
+	}
+	for _, p := range c.free {
+		if !sink[p] {
+			out = append(out, p)
+		}
+	}
+	copy(c.free, out)
+	c.check()
+}
+
+// FreeList returns the free list, bottom first (the next page handed out is the last).
+func (c *Cache) FreeList() []int32 { return slices.Clone(c.free) }
