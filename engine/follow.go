@@ -223,6 +223,9 @@ func (e *Engine) followStep(now time.Time, fn func(sc *StepCompleted)) {
 		e.queueExtension(r)
 	}
 	e.extQueue = e.extQueue[:0]
+	// D evaluates the head of its line every step: so does the shadow, after every change,
+	// so that a waiting request shows why it waits, with today's numbers.
+	e.evaluateHead()
 	e.timeouts()
 	e.retireOld()
 	e.flushPrefix()

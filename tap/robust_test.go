@@ -305,3 +305,46 @@ func TestTapSurvivesCutStreamsAndStrangers(t *testing.T) {
 	tp.check = tp.same
 	tp.flow(0, "ok", prompt(10, 80), 4)
 }
+
+// A shadow whose queue overflows never holds a call back: the calls go through whole, the
+// lost observations are counted, and the shadow starts over.
+func TestTapQueueOverflowStartsTheShadowOver(t *testing.T) {
+	cfg := smallConfig()
+	tp := newTopology(t, []engine.Config{cfg}, Config{Engine: cfg, Queue: 1})
+	tp.check = func(string) {}
+	for i := range 3 {
+		tp.rr = 0
+		id := fmt.Sprintf("q%d", i)
+		if err := tp.PrepRecv(engine.PrepRecv{ID: id, Prompt: prompt(20+i, 60), End: -1, MaxTokens: 200}); err != nil {
+			t.Fatal(err)
+		}
+		r := requestOf(tp.ds[0].snapshot(t), id)
+		if err := tp.WriteKV(id, r.Encoded, 0, r.Reserved); err != nil {
+			t.Fatal(err)
+		}
+		if err := tp.StartGenerate(id, r.End); err != nil {
+			t.Fatal(err)
+		}
+		tp.pending = nil
+	}
+	if got := requestOf(tp.ds[0].snapshot(t), "q2"); got.State != engine.StateFinished || got.Generated != 201 { // 200 streamed and the committed last prompt token
+		t.Fatalf("D's q2 = %s after %d tokens: the calls did not go through whole", got.State, got.Generated)
+	}
+	tp.flush()
+	var in Instance
+	for _, i := range tp.tap.Instances(t.Context()) {
+		if i.Address == tp.ds[0].addr() {
+			in = i
+		}
+	}
+	if in.Dropped == 0 || in.Resets == 0 {
+		t.Errorf("instance %+v: want observations dropped and the shadow started over", in)
+	}
+	// A new request after the storm: the shadow follows it (its pages may first diverge:
+	// the shadow starts over knowing nothing of what D holds).
+	tp.flow(0, "after", prompt(30, 60), 3)
+	tp.flush()
+	if s := requestOf(tp.shadowSnapshot(tp.ds[0].addr()), "after"); s.State != engine.StateFinished {
+		t.Errorf("the shadow's request after the overflow: %s, want finished", s.State)
+	}
+}

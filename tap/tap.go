@@ -2,8 +2,8 @@ package tap
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -126,7 +126,9 @@ func New(cfg Config) (*Tap, error) {
 		FlushInterval:  -1, // every write goes on at once: server-sent events keep their timing
 		ModifyResponse: t.modifyResponse,
 		ErrorHandler:   t.proxyError,
-		ErrorLog:       nil,
+		// What the proxy cannot tell a client (a body that broke off mid-copy) goes to Logf,
+		// not to the standard logger.
+		ErrorLog: log.New(logWriter{t}, "", 0),
 	}
 	t.api = wire.Guard(wire.Options{Token: cfg.Token, Hosts: cfg.Hosts}, http.HandlerFunc(t.serveAPI))
 	return t, nil
@@ -325,4 +327,10 @@ func (t *Tap) Runner(addr string) (*runner.Runner, bool) {
 	return r, true
 }
 
-var errLoop = errors.New("tap: proxy loop")
+// logWriter writes the proxy's log lines through Config.Logf.
+type logWriter struct{ t *Tap }
+
+func (w logWriter) Write(b []byte) (int, error) {
+	w.t.logf("tap: %s", strings.TrimRight(string(b), "\n"))
+	return len(b), nil
+}
