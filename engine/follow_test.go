@@ -347,3 +347,68 @@ func TestShadowStartedMidFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Whatever a tap reports, in whatever order, with whatever answers (a D that is not what
+// the shadow thinks, garbage metadata, calls for requests never seen), the shadow neither
+// panics nor breaks an invariant, and a viewer folding its events agrees with it.
+func TestShadowSurvivesAnyObservations(t *testing.T) {
+	for seed := range shadowSeeds {
+		s, err := New(followConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Follow()
+		v, _ := NewView(s.Snapshot())
+		rng := uint64(seed)*0x9e3779b97f4a7c15 + 1
+		next := func(n int) int {
+			rng ^= rng << 13
+			rng ^= rng >> 7
+			rng ^= rng << 17
+			return int(rng % uint64(n))
+		}
+		now := time.UnixMilli(1_700_000_000_000)
+		mds := []string{"CAAAAAAAAABbMSwwLDM5XQ==", "garbage", "CwAAAAAAAABbMSw2MDQsMTk5XQ==", "AwAAAAAAAABbMF0="}
+		for op := range 400 {
+			now = now.Add(time.Millisecond)
+			id := fmt.Sprintf("r%d", next(12))
+			switch next(8) {
+			case 0, 1:
+				n := 2 + next(300)
+				s.FollowArrived(now, PrepRecv{ID: id, Prompt: tokensFrom(next(5), n), End: -1 - next(3), HasEnd: true, MaxTokens: 1 + next(20)})
+			case 2:
+				if r, ok := s.Request(id); ok && next(3) > 0 {
+					// D's answer, as D would give it to the shadow's own prediction, or not.
+					md := mds[next(len(mds))]
+					s.FollowAdmitted(now, id, Answer{PromptLength: r.PromptLength, Matched: next(40), Metadata: md})
+				} else {
+					s.FollowAdmitted(now, id, Answer{PromptLength: 40, Metadata: mds[next(len(mds))]})
+				}
+			case 3:
+				s.FollowKVReceived(now, id)
+			case 4:
+				s.FollowStarted(now, id, next(300)-1)
+			case 5:
+				s.FollowTokens(now, id, 1+next(4), nil)
+			case 6:
+				s.FollowEnded(now, id, []string{"length", "preempt", "abort"}[next(3)])
+			case 7:
+				s.FollowAborted(now, id)
+			}
+			if err := s.Check(); err != nil {
+				t.Fatalf("seed %d, op %d: %v", seed, op, err)
+			}
+			for _, ev := range s.TakeEvents() {
+				if err := v.Apply(ev); err != nil {
+					t.Fatalf("seed %d, op %d: the viewer: %v", seed, op, err)
+				}
+			}
+			s.TakeTokens()
+		}
+		if diff := ShadowDiff(s.Snapshot(), v.Snapshot()); diff != nil {
+			t.Fatalf("seed %d: the viewer differs:\n%s", seed, strings.Join(diff, "\n"))
+		}
+	}
+}
+
+// shadowSeeds is how many random histories TestShadowSurvivesAnyObservations tries.
+var shadowSeeds = 20

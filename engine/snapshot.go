@@ -768,6 +768,10 @@ func (v *View) apply(ev Event) error {
 			return err
 		}
 		v.running = remove(v.running, e.ID)
+		if r.Pending > 0 {
+			// A shadow's request D finished before its tail was seen prefilled (follow.go).
+			v.waiting = remove(v.waiting, e.ID)
+		}
 		v.endRequest(r, StateFinished, e.Reason, e.Stamp)
 		v.totals.Finished++
 	case RequestAborted:
