@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -78,6 +79,40 @@ func DivergenceKinds() []DivergenceKind {
 	return out
 }
 
+// DivergenceCounts counts divergences by kind; its JSON is an object by kind name.
+type DivergenceCounts [numDivergenceKinds]uint64
+
+// MarshalJSON writes {"blocked": n, …}, every kind.
+func (c DivergenceCounts) MarshalJSON() ([]byte, error) {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, n := range c {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%q:%d", divergenceNames[i], n)
+	}
+	b.WriteByte('}')
+	return []byte(b.String()), nil
+}
+
+// UnmarshalJSON reads what MarshalJSON writes; an unknown kind is an error.
+func (c *DivergenceCounts) UnmarshalJSON(b []byte) error {
+	var m map[string]uint64
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	*c = DivergenceCounts{}
+	for name, n := range m {
+		var k DivergenceKind
+		if err := k.UnmarshalText([]byte(name)); err != nil {
+			return err
+		}
+		c[k] = n
+	}
+	return nil
+}
+
 // PageSwap exchanges two page ids everywhere the cache holds them (pages.Cache.SwapPages).
 type PageSwap struct {
 	A int32 `json:"a"`
@@ -95,8 +130,8 @@ type Answer struct {
 // diverged, and what it does not know (requests admitted before the tap, pages of unknown
 // use).
 type Standing struct {
-	Divergences uint64                     `json:"divergences"`
-	ByKind      [numDivergenceKinds]uint64 `json:"by_kind"`
+	Divergences uint64           `json:"divergences"`
+	ByKind      DivergenceCounts `json:"by_kind"`
 	// ExactSince is the step from which every answer of D was predicted (0: from the start).
 	ExactSince uint64 `json:"exact_since"`
 	// Last is the last divergence, if any.

@@ -312,6 +312,15 @@ func TestTapQueueOverflowStartsTheShadowOver(t *testing.T) {
 	cfg := smallConfig()
 	tp := newTopology(t, []engine.Config{cfg}, Config{Engine: cfg, Queue: 1})
 	tp.check = func(string) {}
+	tp.flow(0, "first", prompt(19, 60), 3)
+	// Hold the shadow's engine, as a shadow far behind its traffic is held.
+	r, ok := tp.tap.Runner(tp.ds[0].addr())
+	if !ok {
+		t.Fatal("no shadow")
+	}
+	release, held := make(chan struct{}), make(chan struct{})
+	go r.Do(context.Background(), func(*engine.Engine, time.Time) error { close(held); <-release; return nil })
+	<-held
 	for i := range 3 {
 		tp.rr = 0
 		id := fmt.Sprintf("q%d", i)
@@ -330,6 +339,7 @@ func TestTapQueueOverflowStartsTheShadowOver(t *testing.T) {
 	if got := requestOf(tp.ds[0].snapshot(t), "q2"); got.State != engine.StateFinished || got.Generated != 201 { // 200 streamed and the committed last prompt token
 		t.Fatalf("D's q2 = %s after %d tokens: the calls did not go through whole", got.State, got.Generated)
 	}
+	close(release)
 	tp.flush()
 	var in Instance
 	for _, i := range tp.tap.Instances(t.Context()) {

@@ -655,6 +655,11 @@ func (w *binWriter) encEngineDivergence(v *engine.Divergence) {
 			w.encEnginePageSwap(&v.Swaps[i1])
 		}
 	}
+	if w.len(len(v.Unknown), v.Unknown == nil) {
+		for i1 := range v.Unknown {
+			w.int(int64(v.Unknown[i1]))
+		}
+	}
 	w.bool(bool(v.Reset))
 }
 
@@ -671,6 +676,12 @@ func (r *binReader) decEngineDivergence(v *engine.Divergence) {
 		v.Swaps = make([]engine.PageSwap, n)
 		for i1 := range v.Swaps {
 			r.decEnginePageSwap(&v.Swaps[i1])
+		}
+	}
+	if n, ok := r.len(); ok {
+		v.Unknown = make([]int32, n)
+		for i1 := range v.Unknown {
+			v.Unknown[i1] = int32(r.int32())
 		}
 	}
 	v.Reset = bool(r.bool())
