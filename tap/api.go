@@ -70,31 +70,46 @@ func (t *Tap) Instances(ctx context.Context) []Instance {
 		o.Resets = sh.resets
 		sh.mu.Unlock()
 		r, _ := sh.current()
-		_ = r.Do(ctx, func(e *engine.Engine, _ time.Time) error {
+		// A shadow that is far behind answers when it can; the list does not wait for it
+		// (what the engine's goroutine fills in is its own copy, handed over when done).
+		got := make(chan Instance, 1)
+		go r.Do(t.ctx, func(e *engine.Engine, _ time.Time) error {
+			var x Instance
 			d := e.Derived()
 			f := e.Fleet()
-			o.Requests = map[string]int{}
+			x.Requests = map[string]int{}
 			for _, st := range engine.States() {
 				if n := d.Requests[st]; n > 0 {
-					o.Requests[st.String()] = n
+					x.Requests[st.String()] = n
 				}
 			}
-			o.Stuck = d.Stuck
-			o.Pages = e.Cache().NumPages()
-			o.PagesFree = d.FreePages
-			o.PagesUsed = o.Pages - o.PagesFree
-			o.OldestWaitingMs = f.OldestAge[engine.AgeWaiting]
+			x.Stuck = d.Stuck
+			x.Pages = e.Cache().NumPages()
+			x.PagesFree = d.FreePages
+			x.PagesUsed = x.Pages - x.PagesFree
+			x.OldestWaitingMs = f.OldestAge[engine.AgeWaiting]
 			if id, ev, ok := e.Head(); ok {
-				o.Head = id
+				x.Head = id
 				if ev.Blocked() {
-					o.Why = ev.Short()
+					x.Why = ev.Short()
 				}
 			}
-			o.Step = e.StepNumber()
-			o.Follow = e.Standing()
-			o.Standing = o.Follow.Describe(t.cfg.Clock().UnixMilli())
+			x.Step = e.StepNumber()
+			x.Follow = e.Standing()
+			x.Standing = x.Follow.Describe(t.cfg.Clock().UnixMilli())
+			got <- x
 			return nil
 		})
+		select {
+		case x := <-got:
+			o.Requests, o.Stuck, o.Pages, o.PagesFree, o.PagesUsed = x.Requests, x.Stuck, x.Pages, x.PagesFree, x.PagesUsed
+			o.OldestWaitingMs, o.Head, o.Why, o.Step, o.Follow, o.Standing = x.OldestWaitingMs, x.Head, x.Why, x.Step, x.Follow, x.Standing
+		case <-time.After(2 * time.Second):
+			if o.Note == "" {
+				o.Note = "its shadow is busy: no numbers yet"
+			}
+		case <-ctx.Done():
+		}
 	}
 	return out
 }
