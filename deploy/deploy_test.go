@@ -26,8 +26,8 @@ import (
 
 var update = flag.Bool("update", false, "rewrite prometheus/alerts_test.yml from the recycle-stall scenario")
 
-// tapOnly are the series only kvtop tap serves (issue 12); the dashboard and the alerts
-// name them already.
+// tapOnly are the series only kvtop tap serves (package tap checks it serves them); the
+// dashboard and the alerts name them.
 var tapOnly = map[string]bool{"kvtop_tap_divergences_total": true}
 
 // exprs returns every PromQL expression of the dashboard and the alerts.

@@ -78,6 +78,9 @@ type Engine struct {
 	// KV writes' scratch, reused from write to write.
 	kvRuns           []pages.Run
 	kvSegs, kvSorted []kvSeg
+
+	// follow is set in follow mode (follow.go): the engine shadows a real decode instance.
+	follow *followState
 }
 
 // Totals are the engine's counters since it started.

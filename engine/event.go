@@ -247,6 +247,27 @@ type PrefixChanged struct {
 	Counterfactual *Counterfactual `json:"counterfactual,omitempty"`
 }
 
+// Divergence fires when D's answer differs from the shadow's prediction: both answers, what
+// differed, the likeliest cause the shadow can tell, and the page swaps by which it made
+// its pages agree with the slots D named (applied with the event). Reset marks a shadow
+// that starts over: viewers need a fresh snapshot.
+type Divergence struct {
+	Stamp
+	ID             string         `json:"id"`
+	What           DivergenceKind `json:"what"`
+	Cause          string         `json:"cause"`
+	ShadowMatched  int            `json:"shadow_matched"`
+	DMatched       int            `json:"d_matched"`
+	ShadowMetadata string         `json:"shadow_metadata,omitempty"`
+	DMetadata      string         `json:"d_metadata,omitempty"`
+	Swaps          []PageSwap     `json:"swaps,omitempty"`
+	// Unknown are pages the shadow had free that D holds for something the shadow does not
+	// know (it handed out pages below them): they go to the bottom of the free list (applied
+	// with the event, after the swaps) and are counted as of unknown use.
+	Unknown []int32 `json:"unknown,omitempty"`
+	Reset   bool    `json:"reset,omitempty"`
+}
+
 // HazardDetected fires when the engine sees something that MLC lets happen silently and that
 // usually means a bug in the router or the prefill instance (docs/lifecycle.md).
 type HazardDetected struct {
@@ -339,6 +360,8 @@ var registry = [...]kindInfo{
 	kind[PrefixChanged]("prefix_changed", nil, leavesRequests),
 	kind("hazard_detected", func(e HazardDetected) string { return e.Hazard.ID }, onTimeline),
 	kind[StepCompleted]("step_completed", nil, leavesRequests),
+	// Follow mode's (follow.go), last so that the kinds before keep their codes.
+	kind("divergence", func(e Divergence) string { return e.ID }, onTimeline|movesPages),
 }
 
 // kindFlags say how the events of a kind are treated.

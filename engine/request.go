@@ -90,6 +90,9 @@ type request struct {
 	kv      kvProgress
 
 	extQueued bool // the prompt's prefix-cache extension has been queued
+	// awaitAnswer marks a request a shadow admitted (follow.go) whose answer from the real
+	// decode instance has not come yet.
+	awaitAnswer bool
 
 	// alt is the request's sequence in the counterfactual prefix cache (-1: none) and
 	// altMatched what that cache matched of its window.

@@ -43,6 +43,8 @@ type Snapshot struct {
 	// Derived is what the state means in counts (derive.go): the same numbers the dashboard
 	// and /metrics show.
 	Derived Derived `json:"derived"`
+	// Follow is a shadow's standing (follow.go); nil for an engine that decides alone.
+	Follow *Standing `json:"follow,omitempty"`
 }
 
 // SeqOwner names the request of a KV sequence.
@@ -96,6 +98,10 @@ func (e *Engine) Snapshot() Snapshot {
 		recycling: e.prefix.Recycling(), metadata: e.metadata, hazards: e.hazards, lastMatch: e.lastMatch,
 		totals: e.totals, last: e.last, derived: e.Derived(),
 	}
+	if e.follow != nil {
+		st := e.Standing()
+		p.follow = &st
+	}
 	for _, r := range e.order {
 		p.requests = append(p.requests, r.view())
 	}
@@ -133,6 +139,7 @@ type snapshotParts struct {
 	waiting, running []string      // owned by the snapshot
 	owners           []SeqOwner    // owned by the snapshot, in any order
 	derived          Derived
+	follow           *Standing // owned by the snapshot
 }
 
 func (p snapshotParts) build() Snapshot {
@@ -153,6 +160,7 @@ func (p snapshotParts) build() Snapshot {
 		Totals:         p.totals,
 		Last:           p.last,
 		Derived:        p.derived,
+		Follow:         p.follow,
 	}
 	if p.lastMatch != nil {
 		m := *p.lastMatch
@@ -246,6 +254,7 @@ type View struct {
 	totals    Totals
 	last      StepCompleted
 	version   uint64
+	follow    *Standing // a shadow's standing, nil otherwise
 
 	// What is derived from the view (derive.go), kept until what it depends on changes:
 	// the page map until an event that moves pages, the rest until any event.
@@ -296,6 +305,10 @@ func NewView(s Snapshot) (*View, error) {
 	if s.LastMatch != nil {
 		m := *s.LastMatch
 		v.lastMatch = &m
+	}
+	if s.Follow != nil {
+		f := s.Follow.clone()
+		v.follow = &f
 	}
 	for i := range s.Requests {
 		r := s.Requests[i]
@@ -510,6 +523,10 @@ func (v *View) Snapshot() Snapshot {
 		recycling: v.recycling, metadata: v.metadata, hazards: v.hazards, lastMatch: v.lastMatch,
 		totals: v.totals, last: v.last, derived: v.Derived(),
 		waiting: slices.Clone(v.waiting), running: slices.Clone(v.running),
+	}
+	if v.follow != nil {
+		f := v.follow.clone()
+		p.follow = &f
 	}
 	for _, r := range v.order {
 		c := *r
@@ -751,6 +768,10 @@ func (v *View) apply(ev Event) error {
 			return err
 		}
 		v.running = remove(v.running, e.ID)
+		if r.Pending > 0 {
+			// A shadow's request D finished before its tail was seen prefilled (follow.go).
+			v.waiting = remove(v.waiting, e.ID)
+		}
 		v.endRequest(r, StateFinished, e.Reason, e.Stamp)
 		v.totals.Finished++
 	case RequestAborted:
@@ -816,6 +837,18 @@ func (v *View) apply(ev Event) error {
 		v.last = e
 		v.totals.Steps++
 		v.totals.Actions[e.Action]++
+	case Divergence:
+		if e.Reset {
+			return fmt.Errorf("the shadow starts over: %s", e.Cause)
+		}
+		if err := v.applySwaps(e.Swaps); err != nil {
+			return err
+		}
+		v.cache.SinkFree(e.Unknown)
+		if v.follow == nil {
+			v.follow = &Standing{}
+		}
+		v.follow.note(e)
 	default:
 		return fmt.Errorf("unknown event %T", ev)
 	}

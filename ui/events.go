@@ -335,7 +335,7 @@ func (p eventsPanel) render() string {
 				style = &st.cut.warn
 			default:
 				switch e.ev.(type) {
-				case engine.HazardDetected:
+				case engine.HazardDetected, engine.Divergence:
 					mark, style = "! ", &st.cut.hazard
 				case engine.PrepareBlocked:
 					style = &st.cut.warn

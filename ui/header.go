@@ -97,6 +97,16 @@ func (m *Model) refreshHeader(w *world) {
 			l1.WriteString(" · " + st.Dim.Render("hazards 0"))
 		}
 	}
+	if v != nil {
+		if sd, ok := v.Follow(); ok {
+			// A tap's shadow: how far it can be trusted.
+			style := st.Dim
+			if !sd.Exact() {
+				style = st.Warn
+			}
+			l1.WriteString(" · " + style.Render("shadow: "+sd.Describe(v.Stamp().At)))
+		}
+	}
 	if m.controllable() {
 		l1.WriteString(" · " + st.Dim.Render("control"))
 	} else {

@@ -512,6 +512,8 @@ func (m *Model) onKey(k tea.KeyPressMsg) tea.Cmd {
 			m.requests = m.requests.setFilter(filterSpec{})
 		case m.active == panelEvents && m.events.filter.text != "":
 			m.events = m.events.setFilter(filterSpec{})
+		case m.opts.Back != nil:
+			return m.opts.Back
 		}
 	case key.Matches(k, m.keys.Enter):
 		return m.enter(k)

@@ -47,6 +47,9 @@ type Options struct {
 	// the dashboard writes to it the history it holds, then every update it folds, until R
 	// again or the end. (The command opens a record.Recorder.)
 	Record func() (Recorder, string, error)
+	// Back, when set, is what esc does when the dashboard has nothing of its own to close:
+	// the instance picker (picker.go) takes the dashboard away with it.
+	Back tea.Cmd
 }
 
 // Run runs the dashboard on the terminal (alternate screen) until the user quits, ctx is

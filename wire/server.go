@@ -132,6 +132,9 @@ type Options struct {
 	// before the call goes to the engine (a tracer takes the W3C traceparent there), and
 	// the function it returns is called with the call's error.
 	PrepRecvTrace func(id string, h http.Header) func(error)
+	// NoTrace keeps no trace: /debug/dump_event_trace answers an empty one, and the server
+	// does not follow the engine for it (a tap's shadows, which serve no such call).
+	NoTrace bool
 	// Clock stamps completions (default time.Now).
 	Clock func() time.Time
 	// Logf, when set, logs what a caller cannot see: stream clients that went away, answers
@@ -225,11 +228,13 @@ func NewServer(r *runner.Runner, opts Options) *Server {
 	m := s.mux["/metrics"]
 	m.handler = s.metricsHandler()
 	s.mux["/metrics"] = m
-	s.conns.Add(1)
-	go func() {
-		defer s.conns.Done()
-		s.trace.run(s.ctx, r)
-	}()
+	if !opts.NoTrace {
+		s.conns.Add(1)
+		go func() {
+			defer s.conns.Done()
+			s.trace.run(s.ctx, r)
+		}()
+	}
 	return s
 }
 

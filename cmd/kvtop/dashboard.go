@@ -150,6 +150,16 @@ func runDashboard(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
 	defer stop()
+	if dc.attach != "" {
+		if fleet, ok := attachedTap(ctx, dc.attach, dc.token); ok {
+			// A kvtop tap: the instance picker, each instance's dashboard under it.
+			if err := ui.RunPicker(ctx, fleet, dc.ui); err != nil && !errors.Is(err, context.Canceled) {
+				fmt.Fprintf(stderr, "kvtop: %v\n", err)
+				return 1
+			}
+			return 0
+		}
+	}
 	src, name, control, after, err := dashboardSource(ctx, dc, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvtop: %v\n", err)

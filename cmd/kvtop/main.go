@@ -31,6 +31,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return runServe(args[1:], stdout, stderr)
 		case "replay":
 			return runReplay(args[1:], stdout, stderr)
+		case "tap":
+			return runTap(args[1:], stdout, stderr)
 		case "kv-events":
 			return runKVEvents(args[1:], stdout, stderr)
 		case "help":
@@ -54,6 +56,7 @@ Usage:
   kvtop [flags]                  the demo: an embedded engine under a built-in workload
   kvtop --attach HOST:PORT       the dashboard on a running 'kvtop serve' (or a ws:// URL)
   kvtop serve [flags]            run the engine headless as a decode instance over HTTP
+  kvtop tap [flags]              watch a real MLC deployment: a proxy and a shadow engine per D
   kvtop replay FILE              play a recording (--record) back in the dashboard
   kvtop kv-events tcp://HOST:PORT  print a vLLM-format KV-event publisher's events as JSON lines
   kvtop help                     this text

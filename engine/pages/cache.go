@@ -464,3 +464,79 @@ func (c *Cache) check() {
 		}
 	}
 }
+
+// SwapPages exchanges the ids of pages a and b everywhere the cache holds them: in the
+// blocks that own them and in the free list (their places in it). Every structure stays as
+// sound as it was; only which physical page holds what changes. A follower uses it to make
+// its pages agree with the ones a real decode instance named. The KV payload is not moved.
+func (c *Cache) SwapPages(a, b int32) error {
+	if a < 0 || b < 0 || int(a) >= c.numPages || int(b) >= c.numPages {
+		return fmt.Errorf("pages: swap %d and %d: outside the pool of %d: %w", a, b, c.numPages, ErrBadPosition)
+	}
+	if a == b {
+		return nil
+	}
+	oa, ob := c.owner[a], c.owner[b]
+	rename := func(owner int32, from, to int32) {
+		if owner == noBlock {
+			i := slices.Index(c.free, from)
+			c.free[i] = to
+			return
+		}
+		pgs := c.blocks[owner].pages
+		pgs[slices.Index(pgs, from)] = to
+	}
+	if oa == ob && oa == noBlock {
+		ia, ib := slices.Index(c.free, a), slices.Index(c.free, b)
+		c.free[ia], c.free[ib] = b, a
+	} else if oa == ob {
+		pgs := c.blocks[oa].pages
+		ia, ib := slices.Index(pgs, a), slices.Index(pgs, b)
+		pgs[ia], pgs[ib] = b, a
+	} else {
+		rename(oa, a, b)
+		rename(ob, b, a)
+	}
+	c.owner[a], c.owner[b] = ob, oa
+	c.check()
+	return nil
+}
+
+// PageOwned reports whether a page belongs to a block (is not free).
+func (c *Cache) PageOwned(pg int32) bool {
+	return pg >= 0 && int(pg) < c.numPages && c.owner[pg] != noBlock
+}
+
+// SinkFree moves free pages to the bottom of the free list, keeping their order and the
+// others': they are handed out last. A follower uses it for pages it believes free that the
+// instance it follows holds for something it does not know (a page not free is left alone).
+func (c *Cache) SinkFree(pgs []int32) {
+	if len(pgs) == 0 {
+		return
+	}
+	sink := make(map[int32]bool, len(pgs))
+	for _, p := range pgs {
+		if p >= 0 && int(p) < c.numPages && c.owner[p] == noBlock {
+			sink[p] = true
+		}
+	}
+	if len(sink) == 0 {
+		return
+	}
+	out := make([]int32, 0, len(c.free))
+	for _, p := range c.free {
+		if sink[p] {
+			out = append(out, p)
+		}
+	}
+	for _, p := range c.free {
+		if !sink[p] {
+			out = append(out, p)
+		}
+	}
+	copy(c.free, out)
+	c.check()
+}
+
+// FreeList returns the free list, bottom first (the next page handed out is the last).
+func (c *Cache) FreeList() []int32 { return slices.Clone(c.free) }

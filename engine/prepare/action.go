@@ -266,3 +266,29 @@ func (a *Action) each(op func(*pages.Cache) error) {
 		}
 	}
 }
+
+// ErrNoRoom refuses Force for a request whose slots do not fit even after eviction.
+var ErrNoRoom = errors.New("prepare: no room for the request's slots")
+
+// Force runs the body of the action for a request that admission would refuse, because a
+// real decode instance admitted it (a follower learns of it from the answer): recycling
+// sequences are evicted while the pages the request can take (its required pages, and a
+// page a mid-page fork copies into) are not free, then its slots are reserved as Admit
+// would reserve them. ev is the evaluation that refused it, and is returned with the
+// prepared request. When the slots cannot fit even after every eviction, nothing is
+// reserved and ErrNoRoom says how far it is short (the evictions stay done).
+func (a *Action) Force(req Request, ev Evaluation) (Prepared, error) {
+	end, err := req.ResolveEnd()
+	if err != nil {
+		return Prepared{}, err
+	}
+	need := (end+a.cfg.PageSize-1)/a.cfg.PageSize + 1
+	for a.caches[0].NumAvailablePages() < need && a.prefix.TryFreeMemory() {
+		ev.Evicted++
+	}
+	if free := a.caches[0].NumAvailablePages(); free < need {
+		return Prepared{}, fmt.Errorf("%s: %d pages needed, %d free after evicting every recycling sequence: %w", req.ID, need, free, ErrNoRoom)
+	}
+	ev.End = end
+	return a.reserve(req, ev), nil
+}

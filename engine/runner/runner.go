@@ -35,6 +35,10 @@ type Config struct {
 	Backlog int
 	// StartPaused starts with the engine paused.
 	StartPaused bool
+	// Manual never steps the engine on its own: it changes only through calls (Do). A
+	// tap's shadow engine, which steps when the decode instance it follows is seen to, runs
+	// so.
+	Manual bool
 	// IdleTick is how often an idle engine still steps, so time-based hazards fire
 	// (default 250ms).
 	IdleTick time.Duration
@@ -155,7 +159,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	for {
 		// Wait for input until the next step is due; while paused (and no step was asked
 		// for), wait for input only.
-		inputOnly := r.paused() && r.stepBudget == 0
+		inputOnly := (r.paused() || r.cfg.Manual) && r.stepBudget == 0
 		var wait time.Duration
 		if !inputOnly && r.stepBudget == 0 {
 			if idle {

@@ -79,6 +79,12 @@ var rules = []struct {
 		why:    "prep_recv's headers reach a tracer through wire.Options.PrepRecvTrace, a function the command hands the server",
 	},
 	{
+		name:   "the tap proxies and shadows; it draws nothing",
+		pkgs:   []string{mod + "tap"},
+		banned: []string{mod + "ui", "charm.land/", mod + "record", mod + "sim", mod + "kvevents"},
+		why:    "kvtop tap forwards calls and feeds shadow engines served through wire; the dashboard attaches to it as to any server",
+	},
+	{
 		name:   "the dashboard sees only its Source",
 		pkgs:   []string{mod + "ui"},
 		banned: []string{mod + "wire", mod + "wire/", mod + "engine/runner", "net", "net/http"},

@@ -33,6 +33,7 @@ const (
 	codePrefixChanged   = 20 // prefix_changed
 	codeHazardDetected  = 21 // hazard_detected
 	codeStepCompleted   = 22 // step_completed
+	codeDivergence      = 23 // divergence
 )
 
 // event appends an event: its kind's code, then its fields.
@@ -104,6 +105,9 @@ func (w *binWriter) event(ev engine.Event) bool {
 	case engine.StepCompleted:
 		w.uint(codeStepCompleted)
 		w.encEngineStepCompleted(&ev)
+	case engine.Divergence:
+		w.uint(codeDivergence)
+		w.encEngineDivergence(&ev)
 	default:
 		return false
 	}
@@ -200,6 +204,10 @@ func (r *binReader) event() engine.Event {
 	case codeStepCompleted:
 		var ev engine.StepCompleted
 		r.decEngineStepCompleted(&ev)
+		return ev
+	case codeDivergence:
+		var ev engine.Divergence
+		r.decEngineDivergence(&ev)
 		return ev
 	default:
 		r.failf("unknown event kind %d", code)
@@ -633,6 +641,52 @@ func (r *binReader) decEngineStepCompleted(v *engine.StepCompleted) {
 	r.decEngineCounts(&v.Counts)
 }
 
+func (w *binWriter) encEngineDivergence(v *engine.Divergence) {
+	w.encEngineStamp(&v.Stamp)
+	w.string(string(v.ID))
+	w.uint(uint64(v.What))
+	w.string(string(v.Cause))
+	w.int(int64(v.ShadowMatched))
+	w.int(int64(v.DMatched))
+	w.string(string(v.ShadowMetadata))
+	w.string(string(v.DMetadata))
+	if w.len(len(v.Swaps), v.Swaps == nil) {
+		for i1 := range v.Swaps {
+			w.encEnginePageSwap(&v.Swaps[i1])
+		}
+	}
+	if w.len(len(v.Unknown), v.Unknown == nil) {
+		for i1 := range v.Unknown {
+			w.int(int64(v.Unknown[i1]))
+		}
+	}
+	w.bool(bool(v.Reset))
+}
+
+func (r *binReader) decEngineDivergence(v *engine.Divergence) {
+	r.decEngineStamp(&v.Stamp)
+	v.ID = string(r.string())
+	v.What = engine.DivergenceKind(r.enum(&valuesEngineDivergenceKind))
+	v.Cause = string(r.string())
+	v.ShadowMatched = int(r.int())
+	v.DMatched = int(r.int())
+	v.ShadowMetadata = string(r.string())
+	v.DMetadata = string(r.string())
+	if n, ok := r.len(); ok {
+		v.Swaps = make([]engine.PageSwap, n)
+		for i1 := range v.Swaps {
+			r.decEnginePageSwap(&v.Swaps[i1])
+		}
+	}
+	if n, ok := r.len(); ok {
+		v.Unknown = make([]int32, n)
+		for i1 := range v.Unknown {
+			v.Unknown[i1] = int32(r.int32())
+		}
+	}
+	v.Reset = bool(r.bool())
+}
+
 func (w *binWriter) encEngineStamp(v *engine.Stamp) {
 	w.uint(uint64(v.Step))
 	w.int(int64(v.At))
@@ -814,6 +868,16 @@ func (r *binReader) decEngineCounts(v *engine.Counts) {
 	v.Recycling = int(r.int())
 }
 
+func (w *binWriter) encEnginePageSwap(v *engine.PageSwap) {
+	w.int(int64(v.A))
+	w.int(int64(v.B))
+}
+
+func (r *binReader) decEnginePageSwap(v *engine.PageSwap) {
+	v.A = int32(r.int32())
+	v.B = int32(r.int32())
+}
+
 func (w *binWriter) encPrefixSeqRef(v *prefix.SeqRef) {
 	w.int(int64(v.ID))
 	w.uint(uint64(v.State))
@@ -826,10 +890,11 @@ func (r *binReader) decPrefixSeqRef(v *prefix.SeqRef) {
 
 // The values each enumeration's name has (what its JSON form can carry), by value.
 var (
-	valuesEngineAction     = enumValues[engine.Action]()
-	valuesEngineHazardKind = enumValues[engine.HazardKind]()
-	valuesPrefixEvictOrder = enumValues[prefix.EvictOrder]()
-	valuesPrefixKind       = enumValues[prefix.Kind]()
-	valuesPrefixState      = enumValues[prefix.State]()
-	valuesPrepareReason    = enumValues[prepare.Reason]()
+	valuesEngineAction         = enumValues[engine.Action]()
+	valuesEngineDivergenceKind = enumValues[engine.DivergenceKind]()
+	valuesEngineHazardKind     = enumValues[engine.HazardKind]()
+	valuesPrefixEvictOrder     = enumValues[prefix.EvictOrder]()
+	valuesPrefixKind           = enumValues[prefix.Kind]()
+	valuesPrefixState          = enumValues[prefix.State]()
+	valuesPrepareReason        = enumValues[prepare.Reason]()
 )

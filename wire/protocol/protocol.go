@@ -30,7 +30,9 @@ import (
 //	   tokens and holder.
 //	5: the binary encoding of events frames (binary.go), which a client asks for at the
 //	   handshake; the hello says which encoding the events come in ("events").
-const Version = 5
+//	6: the divergence event of a tap's shadow (kvtop tap); snapshots of a shadow carry its
+//	   standing ("follow").
+const Version = 6
 
 // The frame types. The server sends hello first, then snapshot, then any of the others;
 // a client sends only the control types.
