@@ -49,7 +49,7 @@ type Instance struct {
 // Instances lists every instance the tap has seen, in the order it saw them.
 func (t *Tap) Instances(ctx context.Context) []Instance {
 	t.mu.Lock()
-	var out []Instance
+	out := make([]Instance, 0, len(t.order)) // an empty list, not null, before any traffic
 	var shs []*shadow
 	for _, addr := range t.order {
 		in := t.insts[addr]

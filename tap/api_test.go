@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -119,5 +120,18 @@ func TestTapToken(t *testing.T) {
 		if resp.StatusCode != c.code {
 			t.Errorf("through %s: %s, want %d", u.Redacted(), resp.Status, c.code)
 		}
+	}
+}
+
+// Before any traffic the tap lists no instance: an empty list, which a client can range
+// over, not null.
+func TestTapWithNoTrafficListsNoInstances(t *testing.T) {
+	tp := mustTap(t, Config{Engine: smallConfig()})
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodGet, "/v1/instances", nil) // origin form: the tap's own API
+	req.Host = "127.0.0.1:7071"
+	tp.ServeHTTP(rec, req)
+	if got := strings.TrimSpace(rec.Body.String()); rec.Code != 200 || got != `{"instances":[]}` {
+		t.Errorf("/v1/instances = %d %s, want 200 {\"instances\":[]}", rec.Code, got)
 	}
 }
