@@ -51,7 +51,7 @@ type Config struct {
 	// Logf, when set, logs what a caller cannot see (a failed send, a bad replay request).
 	Logf func(format string, args ...any)
 
-	// In tests: the sender waits on hold before each batch; skip leaves a batch out of the
+	// In tests: the sender waits on hold before it takes a batch from the queue; skip leaves a batch out of the
 	// PUB socket (it is still kept for replay).
 	hold <-chan struct{}
 	skip func(seq uint64) bool
@@ -289,22 +289,51 @@ func (p *Publisher) send() {
 		if !ok {
 			return
 		}
-		p.sendOne(&st, b)
+		if p.cfg.hold != nil {
+			<-p.cfg.hold // a test's stuck sender: stuck before it takes more
+		}
+		// What else is waiting joins this batch: one batch a drain, not one an observation,
+		// so that an engine stepping thousands of times a second costs the sender (and the
+		// two cores it shares with the engine) an encoding and a send a linger.
+		closed := false
 		for more := true; more; {
 			select {
-			case b, ok := <-p.queue:
+			case next, ok := <-p.queue:
 				if !ok {
-					return
+					closed, more = true, false
+					break
 				}
-				p.sendOne(&st, b)
+				if !p.join(&b, next) {
+					p.sendOne(&st, b)
+					b = next
+				}
 			default:
 				more = false
 			}
+		}
+		p.sendOne(&st, b)
+		if closed {
+			return
 		}
 		if p.cfg.Linger > 0 {
 			time.Sleep(p.cfg.Linger)
 		}
 	}
+}
+
+// join makes one batch of two observations in turn, b's operations and then next's, at
+// next's time, and says whether it could: observations carry Ops of one page size, but a
+// batch made of changes (the tests') goes alone. Both were counted as queued; the one
+// absorbed is counted as applied here.
+func (p *Publisher) join(b *pending, next pending) bool {
+	if b.ops == nil || next.ops == nil || b.pageSize != next.pageSize {
+		return false
+	}
+	b.ops.Append(next.ops)
+	p.reuse(next.ops)
+	b.ts = next.ts
+	p.applied.Add(1)
+	return true
 }
 
 // senderState is what the sender keeps from one batch to the next.
@@ -315,9 +344,6 @@ type senderState struct {
 
 func (p *Publisher) sendOne(st *senderState, b pending) {
 	defer p.applied.Add(1)
-	if p.cfg.hold != nil {
-		<-p.cfg.hold
-	}
 	if b.ops != nil {
 		if st.tr == nil || st.tr.PageSize() != b.pageSize {
 			st.tr = blocks.NewTracker(b.pageSize)

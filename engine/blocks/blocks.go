@@ -156,6 +156,19 @@ func (o *Ops) Len() int { return len(o.ops) }
 // Tokens returns the number of tokens o carries.
 func (o *Ops) Tokens() int { return len(o.toks) }
 
+// Append adds other's operations after o's, as if one Reader had read both in turn: a
+// Tracker applying the result gives the changes of applying o and then other.
+func (o *Ops) Append(other *Ops) {
+	base := len(o.toks)
+	o.toks = append(o.toks, other.toks...)
+	for _, x := range other.ops {
+		if x.kind == opGrow {
+			x.tok += base
+		}
+		o.ops = append(o.ops, x)
+	}
+}
+
 // cursor is what a Reader knows of a sequence of the prefix cache.
 type cursor struct {
 	held   bool
