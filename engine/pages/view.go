@@ -45,6 +45,25 @@ func (c *Cache) Blocks() []BlockInfo {
 	return out
 }
 
+// BlockSequences appends to dst the sequences whose chain passes through block b,
+// ascending: those that share its pages. It walks every sequence's chain, not the pages.
+func (c *Cache) BlockSequences(b int32, dst []int64) []int64 {
+	start := len(dst)
+	if b < 0 || int(b) >= len(c.blocks) || !c.blocks[b].live {
+		return dst
+	}
+	for id, s := range c.seqs {
+		for x := s.last; x != noBlock; x = c.blocks[x].parent {
+			if x == b {
+				dst = append(dst, id)
+				break
+			}
+		}
+	}
+	slices.Sort(dst[start:])
+	return dst
+}
+
 // SequenceIDs returns the ids of all sequences, ascending.
 func (c *Cache) SequenceIDs() []int64 {
 	return slices.Sorted(maps.Keys(c.seqs))
