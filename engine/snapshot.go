@@ -389,6 +389,9 @@ func (v *View) place(r *viewRequest) (int, bool) {
 // touch notes that a request's record changed (or, for its status, what it holds): its
 // facts are read again and its status derived again.
 func (v *View) touch(r *viewRequest) {
+	if len(v.fs) == 0 {
+		return // nothing derived yet: it all will be
+	}
 	if r.dirtyGen != v.dirtyGen {
 		r.dirtyGen = v.dirtyGen
 		v.dirty = append(v.dirty, r.serial)
@@ -797,6 +800,9 @@ func (v *View) dropOwner(seq int64) {
 
 // ownerChanges notes that the request holding a sequence changes: what it holds does.
 func (v *View) ownerChanges(seq int64) {
+	if len(v.fs) == 0 {
+		return
+	}
 	if r := v.holder(seq); r != nil {
 		v.touch(r)
 	}
