@@ -220,19 +220,34 @@ func (v *View) recyclingIs(list []int64) {
 		return
 	}
 	old := v.recycling
+	pm := &v.pm
+	named := func(s int64) bool { return s >= 0 && s < int64(len(pm.recN)) && pm.recN[s] > 0 }
+	moved := false
+	for _, s := range list {
+		moved = moved || !named(s)
+	}
 	for _, s := range old {
 		v.recycles(s, -1)
 	}
 	for _, s := range list {
 		v.recycles(s, 1)
 	}
+	for _, s := range old {
+		moved = moved || !named(s)
+	}
 	v.recycling = append(make([]int64, 0, len(list)), list...)
+	if !moved {
+		return // the same sequences, in another order
+	}
 	for _, s := range old {
 		v.roleMayChange(s)
 	}
 	for _, s := range list {
 		v.roleMayChange(s)
 	}
+	// The page map's readers say which sequences recycle, whether or not a page's state
+	// changed.
+	v.pagesVersion++
 }
 
 // runsOf appends to dst the reserved runs a request shows on the page map: those of a
