@@ -269,11 +269,13 @@ type View struct {
 	// yet.
 	changed      []uint64
 	flags        []uint8
+	rederive     []uint64 // the serials of those marked to derive again
 	dirty        []uint64
 	dirtyGen     uint64 // a request is listed in dirty once a generation
 	t            tally  // of sts
 	waitingFacts int    // of fs, those of waiting requests
 	headBlocked  bool   // the line's head was blocked when sts were derived
+	headAt       int    // and its place in the table (len(fs): none waited)
 	derivedAt    int64  // the time sts were derived for
 	pmEpoch      uint64 // the page map's epoch they were derived with
 	derived      Derived
@@ -411,6 +413,9 @@ func (v *View) retire(r *viewRequest) {
 			v.t.sub(&v.sts[i])
 		}
 		v.waitingFacts -= waiting(&v.fs[i])
+		if i < v.headAt {
+			v.headAt--
+		}
 		v.fs = slices.Delete(v.fs, i, i+1)
 		v.sts = slices.Delete(v.sts, i, i+1)
 		v.changed = slices.Delete(v.changed, i, i+1)
@@ -554,7 +559,10 @@ func (v *View) gather() {
 		v.waitingFacts -= waiting(f)
 		v.viewFacts(v.order[i], f)
 		v.waitingFacts += waiting(f)
-		v.flags[i] |= again
+		if v.flags[i]&again == 0 {
+			v.flags[i] |= again
+			v.rederive = append(v.rederive, serial)
+		}
 		v.changed[i] = v.version
 	}
 	v.dirty = v.dirty[:0]
@@ -566,6 +574,7 @@ func (v *View) gather() {
 		v.sts = append(v.sts, RequestStatus{})
 		v.changed = append(v.changed, v.version)
 		v.flags = append(v.flags, again|untallied)
+		v.rederive = append(v.rederive, v.serials[i])
 	}
 }
 
@@ -616,40 +625,47 @@ func (v *View) refreshDerived() {
 	}
 	pm := v.PageMap()
 	v.gather()
-	// The head of the line: the first waiting request of the table (classifier).
+	// The head of the line: the first waiting request of the table (classifier). No
+	// request waits again once it has stopped, so it is not before the last one.
 	head, headBlocked := len(v.fs), false
 	if v.waitingFacts > 0 {
-		for i := range v.fs {
+		for i := v.headAt; i < len(v.fs); i++ {
 			if v.fs[i].state == StateWaiting {
 				head, headBlocked = i, v.fs[i].evaluated
 				break
 			}
 		}
 	}
+	if invariants.Enabled && slices.ContainsFunc(v.fs[:head], func(f facts) bool { return f.state == StateWaiting }) {
+		panic(fmt.Sprintf("engine: a request waits before the head of the line, %d", head))
+	}
+	v.headAt = head
 	now := v.stamp.At
 	all := headBlocked != v.headBlocked || pm.epoch != v.pmEpoch
 	v.headBlocked, v.pmEpoch = headBlocked, pm.epoch
-	var st RequestStatus
 	if all {
 		v.t = tally{}
 		c := newClassifier(v.cfg, now)
 		for i := range v.fs {
-			c.status(&v.fs[i], &st)
-			pm.pages(&v.fs[i], &st)
-			v.settle(i, &st, false)
+			old := v.sts[i]
+			c.status(&v.fs[i], &v.sts[i])
+			pm.pages(&v.fs[i], &v.sts[i])
+			v.settle(i, &old, false)
 		}
 	} else {
-		for i, fl := range v.flags {
-			if fl&again == 0 {
-				continue
+		for _, serial := range v.rederive {
+			i, ok := slices.BinarySearch(v.serials, serial)
+			if !ok || v.flags[i]&again == 0 {
+				continue // retired since
 			}
 			// Past the head, a waiting request is blocked behind it if it is blocked
 			// (before it, none is waiting): the classifier has seen the head.
 			c := newClassifier(v.cfg, now)
 			c.headSeen, c.headBlocked = i > head, headBlocked
-			c.status(&v.fs[i], &st)
-			pm.pages(&v.fs[i], &st)
-			v.settle(i, &st, v.flags[i]&untallied == 0)
+			old := v.sts[i]
+			c.status(&v.fs[i], &v.sts[i])
+			pm.pages(&v.fs[i], &v.sts[i])
+			v.settle(i, &old, v.flags[i]&untallied == 0)
 		}
 		if now != v.derivedAt {
 			// Only a prepared request's stuckness depends on the clock.
@@ -668,23 +684,26 @@ func (v *View) refreshDerived() {
 			}
 		}
 	}
+	v.rederive = v.rederive[:0]
 	v.derivedAt = now
 	v.derived = v.t.done(viewSource{v}, pm)
 	v.dVersion = v.version
 }
 
-// settle stores the i-th request's status, newly derived, in sts and adds it to the tally,
-// taking the one it replaces out of it first when untally says so.
-func (v *View) settle(i int, st *RequestStatus, untally bool) {
-	old := &v.sts[i]
-	if *old != *st {
+// settle adds the i-th request's status, just derived into sts, to the tally, taking the
+// one it replaced, old, out of it first when untally says so. (It compares the two field
+// by field: the classifier has just stored the new one so, and reading it whole would
+// stall on those stores.)
+func (v *View) settle(i int, old *RequestStatus, untally bool) {
+	st := &v.sts[i]
+	if st.Pages != old.Pages || st.State != old.State || st.Condition != old.Condition ||
+		st.Blocked != old.Blocked || st.Stuck != old.Stuck || st.Hazardous != old.Hazardous {
 		v.changed[i] = v.version
 	}
 	if untally {
 		v.t.sub(old)
 	}
-	*old = *st
-	v.t.add(old)
+	v.t.add(st)
 	v.flags[i] = 0
 }
 
@@ -769,8 +788,8 @@ func (v *View) Apply(ev Event) error {
 // scratch if asked for.
 func (v *View) forget() {
 	v.pm.kept = false
-	v.fs, v.sts, v.changed, v.flags = v.fs[:0], v.sts[:0], v.changed[:0], v.flags[:0]
-	v.t, v.waitingFacts, v.pmEpoch = tally{}, 0, 0
+	v.fs, v.sts, v.changed, v.flags, v.rederive = v.fs[:0], v.sts[:0], v.changed[:0], v.flags[:0], v.rederive[:0]
+	v.t, v.waitingFacts, v.pmEpoch, v.headAt = tally{}, 0, 0, 0
 	v.version++
 	v.pagesVersion++
 }
