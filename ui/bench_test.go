@@ -80,6 +80,26 @@ func bigModelWith(b testing.TB, w, h, pages int) *Model {
 // summary), when only the cursor moved (drawing only), and when nothing changed (View);
 // then the same for the page map alone.
 func BenchmarkFrame(b *testing.B) {
+	// The two instances differ in their free pages only.
+	var derived []engine.Derived
+	for _, pages := range []int{65536, 1 << 20} {
+		u := bigWith(pages)
+		v, err := engine.NewView(*u.Snapshot)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, ev := range u.Events {
+			if err := v.Apply(ev); err != nil {
+				b.Fatal(err)
+			}
+		}
+		d := v.Derived()
+		d.FreePages, d.Pages[engine.PageFree] = 0, 0
+		derived = append(derived, d)
+	}
+	if derived[0] != derived[1] {
+		b.Fatalf("the instances differ: %+v and %+v", derived[0], derived[1])
+	}
 	for _, pages := range []int{65536, 1 << 20} {
 		b.Run(fmt.Sprintf("pages=%d", pages), func(b *testing.B) {
 			m := bigModelWith(b, 200, 60, pages)
