@@ -35,3 +35,13 @@ func ScratchStatuses(e *Engine) []RequestStatus {
 	fs := engineSource{e}.facts(nil)
 	return statuses(e.cfg, e.stamp.At, fs, ScratchPageMap(e), nil, &tally{})
 }
+
+// SetKeepLimit replaces keepLimit until the returned function restores it.
+func SetKeepLimit(f func(pages int) int) (restore func()) {
+	was := keepLimit
+	keepLimit = f
+	return func() { keepLimit = was }
+}
+
+// KeepsPages says whether the view keeps its page map current now.
+func (v *View) KeepsPages() bool { return v.pm.kept }

@@ -236,6 +236,7 @@ type View struct {
 	// place in the table is found by its serial.
 	serials   []uint64
 	serial    uint64 // the last one given
+	holes     int    // places of retired requests, nil in order until compact
 	waiting   []string
 	running   []string
 	cache     *pages.Cache
@@ -243,14 +244,17 @@ type View struct {
 	stats     prefix.Stats
 	cf        *Counterfactual
 	recycling []int64
-	owners    map[int64]string
-	kv        map[string]*kvProgress
-	metadata  []MetadataEmitted
-	hazards   []HazardDetected
-	lastMatch *PrefixMatched
-	totals    Totals
-	last      StepCompleted
-	version   uint64
+	// recyclingWas is the array of the list before the last prefix change, for the next.
+	recyclingWas []int64
+	owners       map[int64]string
+	holders      []*viewRequest // by sequence id: the request owners names, while in the table
+	kv           map[string]*kvProgress
+	metadata     []MetadataEmitted
+	hazards      []HazardDetected
+	lastMatch    *PrefixMatched
+	totals       Totals
+	last         StepCompleted
+	version      uint64
 
 	// What is derived from the view (derive.go). The page map is built once, when first
 	// asked for, and then kept current by the events as they apply (pagekeep.go);
@@ -282,6 +286,7 @@ type View struct {
 	dVersion     uint64
 	slots        []int64 // the cache's reservations, reused
 	pgBuf        []int32 // a sequence's pages, reused
+	unread       int     // events applied since the page map was last read
 	runBuf       []pageRun
 }
 
@@ -349,7 +354,7 @@ func NewView(s Snapshot) (*View, error) {
 		v.nodes[n.ID] = n
 	}
 	for _, o := range s.Owners {
-		v.owners[o.Seq] = o.ID
+		v.setOwner(o.Seq, o.ID)
 	}
 	return v, nil
 }
@@ -383,9 +388,11 @@ func (v *View) add(r *viewRequest) {
 	v.serials = append(v.serials, r.serial)
 }
 
-// place returns a request's place in the table.
+// place returns a request's place in the table (retired requests leave theirs empty until
+// compact).
 func (v *View) place(r *viewRequest) (int, bool) {
-	return slices.BinarySearch(v.serials, r.serial)
+	i, ok := slices.BinarySearch(v.serials, r.serial)
+	return i, ok && v.order[i] != nil
 }
 
 // touch notes that a request's record changed (or, for its status, what it holds): its
@@ -400,32 +407,60 @@ func (v *View) touch(r *viewRequest) {
 	}
 }
 
-// retire takes a request out of the table, and out of what is derived of it.
+// retire takes a request out of the table, and out of what is derived of it. Its place is
+// left empty until the table is next read (compact), so that the retirements of a batch of
+// events close up the table once.
 func (v *View) retire(r *viewRequest) {
 	i, ok := v.place(r)
 	if !ok {
 		return
 	}
-	v.order = slices.Delete(v.order, i, i+1)
-	v.serials = slices.Delete(v.serials, i, i+1)
+	v.order[i] = nil
+	v.holes++
+	if r.Seq >= 0 && r.Seq < int64(len(v.holders)) && v.holders[r.Seq] == r {
+		v.holders[r.Seq] = nil
+	}
 	if i < len(v.fs) {
 		if v.flags[i]&untallied == 0 {
 			v.t.sub(&v.sts[i])
 		}
 		v.waitingFacts -= waiting(&v.fs[i])
-		if i < v.headAt {
-			v.headAt--
-		}
-		v.fs = slices.Delete(v.fs, i, i+1)
-		v.sts = slices.Delete(v.sts, i, i+1)
-		v.changed = slices.Delete(v.changed, i, i+1)
-		v.flags = slices.Delete(v.flags, i, i+1)
 	}
 	delete(v.reqs, r.ID)
 }
 
+// compact closes up the places retire left empty.
+func (v *View) compact() {
+	if v.holes == 0 {
+		return
+	}
+	k, derived, before := 0, 0, 0
+	for i, r := range v.order {
+		if r == nil {
+			if i < v.headAt {
+				before++
+			}
+			continue
+		}
+		v.order[k], v.serials[k] = r, v.serials[i]
+		if i < len(v.fs) {
+			v.fs[k], v.sts[k], v.changed[k], v.flags[k] = v.fs[i], v.sts[i], v.changed[i], v.flags[i]
+			derived = k + 1
+		}
+		k++
+	}
+	clear(v.order[k:])
+	v.order, v.serials = v.order[:k], v.serials[:k]
+	v.fs, v.sts, v.changed, v.flags = v.fs[:derived], v.sts[:derived], v.changed[:derived], v.flags[:derived]
+	v.headAt -= before
+	v.holes = 0
+}
+
 // Requests returns the request table in arrival order. Read it; do not change it.
-func (v *View) Requests() []*RequestView { return v.order }
+func (v *View) Requests() []*RequestView {
+	v.compact()
+	return v.order
+}
 
 // Waiting and Running return the queues.
 func (v *View) Waiting() []string { return v.waiting }
@@ -511,13 +546,15 @@ func (v *View) Blocked(r *RequestView) (prepare.Evaluation, bool) {
 func (v *View) PagesVersion() uint64 { return v.pagesVersion }
 
 // PageMap returns what every page is doing. It is built when first asked for and then kept
-// current as events apply, page by page (pagekeep.go); PageMap.Changes says which pages
-// changed. Read it; do not change it.
+// current as events apply, page by page (pagekeep.go), for as long as it is read often
+// enough for that to pay (keepLimit); PageMap.Changes says which pages changed. Read it; do
+// not change it.
 func (v *View) PageMap() *PageMap {
 	if !v.pm.kept {
 		v.pm.build(viewSource{v}, v.facts())
 		v.keepPages()
 	}
+	v.unread = 0
 	if invariants.Enabled {
 		if err := v.checkPages(); err != nil {
 			panic(err)
@@ -550,6 +587,7 @@ func waiting(f *facts) int {
 // gather reads again the facts of the requests the events changed, and those of the ones
 // that arrived since the last time, marking their statuses to derive again.
 func (v *View) gather() {
+	v.compact()
 	for _, serial := range v.dirty {
 		i, ok := slices.BinarySearch(v.serials, serial)
 		if !ok || i >= len(v.fs) {
@@ -715,7 +753,7 @@ func (v *View) Snapshot() Snapshot {
 		totals: v.totals, last: v.last, derived: v.Derived(),
 		waiting: slices.Clone(v.waiting), running: slices.Clone(v.running),
 	}
-	for _, r := range v.order {
+	for _, r := range v.Requests() {
 		c := *r
 		c.History = materialize(r.History)
 		c.Hazards = slices.Clone(r.Hazards)
@@ -764,6 +802,11 @@ func (v *View) prefixNodes() []prefix.Node {
 // Apply applies one event. An error means the event does not fit the view (it missed
 // events): the view is then unreliable and the viewer must start again from a snapshot.
 func (v *View) Apply(ev Event) error {
+	if v.pm.kept {
+		if v.unread++; v.unread > keepLimit(v.cache.NumPages()) {
+			v.pm.kept = false // built again when next read
+		}
+	}
 	changes := v.pm.changes
 	if err := v.apply(ev); err != nil {
 		v.forget()
@@ -789,6 +832,7 @@ func (v *View) Apply(ev Event) error {
 func (v *View) forget() {
 	v.pm.kept = false
 	v.fs, v.sts, v.changed, v.flags, v.rederive = v.fs[:0], v.sts[:0], v.changed[:0], v.flags[:0], v.rederive[:0]
+	v.compact()
 	v.t, v.waitingFacts, v.pmEpoch, v.headAt = tally{}, 0, 0, 0
 	v.version++
 	v.pagesVersion++
@@ -809,13 +853,24 @@ func (v *View) req(id string) (*viewRequest, error) {
 func (v *View) setOwner(seq int64, id string) {
 	v.ownerChanges(seq)
 	v.owners[seq] = id
+	if seq >= 0 && seq < maxDenseSeq {
+		v.holders = grow(v.holders, int(seq))
+		v.holders[seq] = v.reqs[id]
+	}
 }
 
 // dropOwner forgets who held a sequence that is gone.
 func (v *View) dropOwner(seq int64) {
 	v.ownerChanges(seq)
 	delete(v.owners, seq)
+	if seq >= 0 && seq < int64(len(v.holders)) {
+		v.holders[seq] = nil
+	}
 }
+
+// maxDenseSeq bounds the sequence ids the View keeps the holder of by id, in a slice
+// (the engine's are small: it hands freed ones out again); beyond, holder asks the maps.
+const maxDenseSeq = 1 << 24
 
 // ownerChanges notes that the request holding a sequence changes: what it holds does.
 func (v *View) ownerChanges(seq int64) {
@@ -827,8 +882,17 @@ func (v *View) ownerChanges(seq int64) {
 	}
 }
 
-// holder returns the request that holds a sequence, if one does.
+// holder returns the request that holds a sequence, if one does: the one owners names for
+// it, if it is in the table and its sequence is that one.
 func (v *View) holder(seq int64) *viewRequest {
+	if seq >= 0 && seq < maxDenseSeq {
+		if seq < int64(len(v.holders)) {
+			if r := v.holders[seq]; r != nil && r.Seq == seq {
+				return r
+			}
+		}
+		return nil
+	}
 	if id, ok := v.owners[seq]; ok {
 		if r := v.reqs[id]; r != nil && r.Seq == seq {
 			return r
