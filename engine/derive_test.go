@@ -388,3 +388,51 @@ func TestStuckWithTime(t *testing.T) {
 		t.Fatalf("stuck from step %d, %d steps moved only the clock; want both", became, clockOnly)
 	}
 }
+
+// A prepared request becomes stuck when the clock alone says so: a View that sees nothing
+// but step summaries (no hazard, no event about the request) flips it at the step its age
+// reaches the limit, as a derivation from scratch does, and only then.
+func TestStuckWithTheClockAlone(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.PreparedAgeLimit = time.Second
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.UnixMilli(1_000_000)
+	for _, id := range []string{"p", "q"} {
+		if err := e.PrepRecv(now, PrepRecv{ID: id, Prompt: make([]int32, 40), End: -1, HasEnd: true}); err != nil {
+			t.Fatal(err)
+		}
+		e.Step(now)
+		now = now.Add(300 * time.Millisecond)
+	}
+	e.TakeEvents()
+	v, err := NewView(e.Snapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stamp := v.Stamp()
+	became := map[string]int64{}
+	for range 30 {
+		stamp.Step++
+		stamp.At += 100
+		if err := v.Apply(StepCompleted{Stamp: stamp}); err != nil {
+			t.Fatal(err)
+		}
+		if err := v.CheckKept(); err != nil {
+			t.Fatalf("at %d: %v", stamp.At, err)
+		}
+		for _, id := range []string{"p", "q"} {
+			if st, _ := v.StatusOf(id); st.Stuck && became[id] == 0 {
+				became[id] = stamp.At
+			}
+		}
+	}
+	for _, id := range []string{"p", "q"} {
+		r, _ := v.Request(id)
+		if got, want := became[id], r.Admitted.At+1000; got != want {
+			t.Errorf("%s became stuck at %d, want %d (admitted at %d)", id, got, want, r.Admitted.At)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/kvtop/kvtop/engine/pages"
@@ -281,6 +282,7 @@ type View struct {
 	headBlocked  bool   // the line's head was blocked when sts were derived
 	headAt       int    // and its place in the table (len(fs): none waited)
 	derivedAt    int64  // the time sts were derived for
+	nextStuck    int64  // no later than the first time a prepared request becomes stuck
 	pmEpoch      uint64 // the page map's epoch they were derived with
 	derived      Derived
 	dVersion     uint64
@@ -683,6 +685,7 @@ func (v *View) refreshDerived() {
 	v.headBlocked, v.pmEpoch = headBlocked, pm.epoch
 	if all {
 		v.t = tally{}
+		v.nextStuck = math.MaxInt64
 		c := newClassifier(v.cfg, now)
 		for i := range v.fs {
 			old := v.sts[i]
@@ -705,8 +708,11 @@ func (v *View) refreshDerived() {
 			pm.pages(&v.fs[i], &v.sts[i])
 			v.settle(i, &old, v.flags[i]&untallied == 0)
 		}
-		if now != v.derivedAt {
-			// Only a prepared request's stuckness depends on the clock.
+		if now < v.derivedAt || now >= v.nextStuck {
+			// Only a prepared request's stuckness depends on the clock: it may have
+			// changed once the clock reaches the first time one of them becomes stuck
+			// (or went back).
+			v.nextStuck = math.MaxInt64
 			c := newClassifier(v.cfg, now)
 			for i := range v.sts {
 				sp := &v.sts[i]
@@ -719,6 +725,7 @@ func (v *View) refreshDerived() {
 					v.t.add(sp)
 					v.changed[i] = v.version
 				}
+				v.mayBecomeStuck(i)
 			}
 		}
 	}
@@ -743,6 +750,18 @@ func (v *View) settle(i int, old *RequestStatus, untally bool) {
 	}
 	v.t.add(st)
 	v.flags[i] = 0
+	v.mayBecomeStuck(i)
+}
+
+// mayBecomeStuck notes when the i-th request, if it is prepared and not stuck yet, becomes
+// stuck with time: nextStuck is never later than the first such time, so that until then
+// the clock changes no status.
+func (v *View) mayBecomeStuck(i int) {
+	st := &v.sts[i]
+	if limit := v.cfg.PreparedAgeLimit.Milliseconds(); limit > 0 && !st.Stuck &&
+		(st.Condition == CondPrepared || st.Condition == CondKVComplete) {
+		v.nextStuck = min(v.nextStuck, v.fs[i].admitted+limit)
+	}
 }
 
 // Snapshot returns the view's state in the engine's Snapshot form.
