@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"slices"
+	"sync/atomic"
 
 	"github.com/kvtop/kvtop/engine/pages"
 	"github.com/kvtop/kvtop/engine/prepare"
@@ -129,9 +130,13 @@ type facts struct {
 	leaked    bool
 	evaluated bool // has an admission evaluation (only the head of the line does)
 	hazardous bool
-	reason    prepare.Reason // the evaluation's verdict
-	pending   int            // tail tokens left to prefill
-	admitted  int64          // when, engine time
+	// held says the request still holds seq, its sequence (an ended one may have lost it to
+	// a reuse); the page map says how many pages that is.
+	held     bool
+	reason   prepare.Reason // the evaluation's verdict
+	pending  int            // tail tokens left to prefill
+	admitted int64          // when, engine time
+	seq      int64
 }
 
 // source is what derivation reads; the engine and a View each provide it over their own
@@ -142,11 +147,6 @@ type source interface {
 	cache() *pages.Cache
 	recycling() []int64 // the recycling sequences
 	numRecycling() int
-	// facts appends the facts of every request of the table, in arrival order, to dst.
-	facts(dst []facts) []facts
-	// holds returns the sequence the i-th request holds, if it still does (an ended one may
-	// have lost it to a reuse).
-	holds(i int) (int64, bool)
 	// reserved returns the i-th request's reserved runs of model 0 and the slots received
 	// in each.
 	reserved(i int) ([]pages.Run, []int)
@@ -167,32 +167,29 @@ func (e engineSource) cache() *pages.Cache { return e.e.caches[0] }
 func (e engineSource) recycling() []int64  { return e.e.prefix.Recycling() }
 func (e engineSource) numRecycling() int   { return e.e.prefix.NumRecycling() }
 
+// facts appends the facts of every request of the table, in arrival order, to dst.
 func (e engineSource) facts(dst []facts) []facts {
 	n := len(dst)
 	dst = slices.Grow(dst, len(e.e.order))[:n+len(e.e.order)]
 	for i, r := range e.e.order {
-		engineFacts(r, &dst[n+i])
+		f := &dst[n+i]
+		engineFacts(r, f)
+		// A live request always holds its own sequence (only a recycling one, an ended
+		// request's, is ever taken over), so only an ended one's is looked up.
+		f.seq = r.seq
+		f.held = r.seq >= 0 && (!r.state.Ended() || e.e.seqOwner[r.seq] == r)
 	}
 	return dst
 }
 
-// engineFacts reads a request's facts into f, field by field (see classifier.status).
+// engineFacts reads a request's facts into f, field by field (see classifier.status), all
+// but which sequence it holds (counts needs no pages).
 func engineFacts(r *request, f *facts) {
 	f.state, f.leaked, f.evaluated, f.hazardous = r.state, r.leaked, r.eval != nil, len(r.hazards) > 0
 	f.pending, f.admitted, f.reason = r.pending, r.admitted.At, prepare.ReasonNone
 	if r.eval != nil {
 		f.reason = r.eval.Reason
 	}
-}
-
-// holds: a live request always holds its own sequence (only a recycling one, an ended
-// request's, is ever taken over), so only an ended one's is looked up.
-func (e engineSource) holds(i int) (int64, bool) {
-	r := e.e.order[i]
-	if r.seq < 0 {
-		return r.seq, false
-	}
-	return r.seq, !r.state.Ended() || e.e.seqOwner[r.seq] == r
 }
 
 func (e engineSource) reserved(i int) ([]pages.Run, []int) {
@@ -209,30 +206,18 @@ func (v viewSource) cache() *pages.Cache { return v.v.cache }
 func (v viewSource) recycling() []int64  { return v.v.recycling }
 func (v viewSource) numRecycling() int   { return len(v.v.recycling) }
 
-func (v viewSource) facts(dst []facts) []facts {
-	n := len(dst)
-	dst = slices.Grow(dst, len(v.v.order))[:n+len(v.v.order)]
-	for i, r := range v.v.order {
-		f := &dst[n+i]
-		f.state, f.leaked, f.evaluated, f.hazardous = r.State, r.Leaked, r.Eval != nil, len(r.Hazards) > 0
-		f.pending, f.admitted, f.reason = r.Pending, r.Admitted.At, prepare.ReasonNone
-		if r.Eval != nil {
-			f.reason = r.Eval.Reason
-		}
+// viewFacts reads a View's request's facts into f, as engineSource.facts reads the engine's.
+func (v *View) viewFacts(r *RequestView, f *facts) {
+	f.state, f.leaked, f.evaluated, f.hazardous = r.State, r.Leaked, r.Eval != nil, len(r.Hazards) > 0
+	f.pending, f.admitted, f.reason = r.Pending, r.Admitted.At, prepare.ReasonNone
+	if r.Eval != nil {
+		f.reason = r.Eval.Reason
 	}
-	return dst
-}
-
-func (v viewSource) holds(i int) (int64, bool) {
-	r := v.v.order[i]
-	if r.Seq < 0 {
-		return r.Seq, false
+	f.seq, f.held = r.Seq, false
+	if r.Seq >= 0 {
+		id, ok := v.owners[r.Seq]
+		f.held = !r.State.Ended() || ok && id == r.ID
 	}
-	if !r.State.Ended() {
-		return r.Seq, true
-	}
-	id, ok := v.v.owners[r.Seq]
-	return r.Seq, ok && id == r.ID
 }
 
 func (v viewSource) reserved(i int) ([]pages.Run, []int) {
@@ -297,33 +282,19 @@ func (c *classifier) status(f *facts, st *RequestStatus) {
 	st.State, st.Condition, st.Blocked, st.Stuck, st.Hazardous = f.state, cond, blocked, stuck, f.hazardous
 }
 
+// pages completes a status with the pages of the request's sequence, from pm.
+func (pm *PageMap) pages(f *facts, st *RequestStatus) {
+	if f.held {
+		if n, ok := pm.SeqPages(f.seq); ok {
+			st.Pages = n
+		}
+	}
+}
+
 // preparedStuck says whether a prepared request has been prepared for too long: its KV or
 // its start_generate never came.
 func (c *classifier) preparedStuck(f *facts) bool {
 	return c.limit > 0 && c.now-f.admitted >= c.limit
-}
-
-// retime updates statuses derived earlier from the same facts for a later time: only a
-// prepared request's stuckness depends on the clock. It returns the change in the stuck
-// count.
-func retime(cfg Config, now int64, fs []facts, sts []RequestStatus) int {
-	c := newClassifier(cfg, now)
-	delta := 0
-	for i := range sts {
-		st := &sts[i]
-		if st.Condition != CondPrepared && st.Condition != CondKVComplete {
-			continue
-		}
-		if stuck := c.preparedStuck(&fs[i]); stuck != st.Stuck {
-			st.Stuck = stuck
-			if stuck {
-				delta++
-			} else {
-				delta--
-			}
-		}
-	}
-	return delta
 }
 
 // statuses derives every request's status from its facts, in table order, into dst, and
@@ -334,8 +305,8 @@ func statuses(cfg Config, now int64, fs []facts, pm *PageMap, dst []RequestStatu
 	for i := range fs {
 		st := &dst[i]
 		c.status(&fs[i], st)
-		if pm != nil && i < len(pm.reqSeq) && pm.reqSeq[i] >= 0 {
-			st.Pages = int(pm.seqPages[pm.reqSeq[i]])
+		if pm != nil {
+			pm.pages(&fs[i], st)
 		}
 		t.add(st)
 	}
@@ -345,15 +316,18 @@ func statuses(cfg Config, now int64, fs []facts, pm *PageMap, dst []RequestStatu
 // tally counts statuses into a Derived.
 type tally struct{ d Derived }
 
-func (t *tally) add(st *RequestStatus) {
-	t.d.Requests[st.State]++
-	t.d.Conditions[st.Condition]++
-	t.d.BlockedBy[st.Blocked]++
+func (t *tally) add(st *RequestStatus) { t.count(st, 1) }
+func (t *tally) sub(st *RequestStatus) { t.count(st, -1) }
+
+func (t *tally) count(st *RequestStatus, d int) {
+	t.d.Requests[st.State] += d
+	t.d.Conditions[st.Condition] += d
+	t.d.BlockedBy[st.Blocked] += d
 	if st.Stuck {
-		t.d.Stuck++
+		t.d.Stuck += d
 	}
 	if st.Hazardous {
-		t.d.Hazardous++
+		t.d.Hazardous += d
 	}
 }
 
@@ -405,31 +379,6 @@ func (e *Engine) counts() Counts {
 	return t.done(engineSource{e}, nil).Counts
 }
 
-// PageMap is what every page of the KV cache is doing, and which sequences use which
-// blocks. It is built in one pass over the sequences' block chains and one over the pages.
-type PageMap struct {
-	// States is each page's state, by page id; Count the pages in each state.
-	States []PageState
-	Count  [NumPageStates]int
-
-	// seqs are the cache's sequences; the chain of seqs[i] (block ids, root first) is
-	// chains[chainAt[i]:chainAt[i+1]], and it uses seqPages[i] pages. reqSeq[j] is the index
-	// in seqs of the sequence the j-th request of the table holds, or -1.
-	seqs     []int64
-	reqSeq   []int32
-	chainAt  []int32
-	chains   []int32
-	seqPages []int32
-	// By block id: how many sequences use the block, how many of them are not recycling,
-	// the role of the last one seen, and the block's pages.
-	users, nonRec, blockPages []int32
-	lastRole                  []seqRole
-	roles                     []seqRole // by index in seqs
-	// listed is the index in seqs by sequence id, -1 when not listed (sequence ids are
-	// small: the engine hands freed ones out again).
-	listed []int32
-}
-
 // seqRole is who holds a sequence, as far as its pages are concerned.
 type seqRole uint8
 
@@ -438,26 +387,146 @@ const (
 	rolePrepared                 // a prepared request
 	roleRecycling                // the prefix cache, for reuse
 	roleLeaked                   // an aborted prepared request, as MLC leaks it
+	numRoles
 )
 
-// RequestPages returns how many pages the j-th request of the table holds.
-func (pm *PageMap) RequestPages(j int) (int, bool) {
-	if j >= len(pm.reqSeq) || pm.reqSeq[j] < 0 {
-		return 0, false
+// users counts the sequences that use a block or a page, by role.
+type users [numRoles]int32
+
+// pageState is the state of a page in use by u (none: free), before reservations: the one
+// place that decides it, for the page map built from scratch and the one a View keeps.
+func pageState(u *users) PageState {
+	rec := u[roleRecycling]
+	n := u[roleLive] + u[rolePrepared] + rec + u[roleLeaked]
+	switch {
+	case n == 0:
+		return PageFree
+	case n == rec:
+		return PageRecycling
+	case n > 1:
+		return PageShared
+	case u[roleLeaked] == 1:
+		return PageLeaked
+	case u[rolePrepared] == 1:
+		return PagePrepared
 	}
-	return int(pm.seqPages[pm.reqSeq[j]]), true
+	return PageActive
 }
 
-// BlockUsers returns the sequences whose chain holds a block, in the order the page map
-// lists them (the recycling ones first, then those of the table's requests).
-func (pm *PageMap) BlockUsers(b int32) []int64 {
-	var out []int64
-	for i, id := range pm.seqs {
-		if slices.Contains(pm.chains[pm.chainAt[i]:pm.chainAt[i+1]], b) {
-			out = append(out, id)
-		}
+// reserved is the state of a page in state cur that lies in a prepared request's reserved
+// run, the run awaiting its KV or partly received (st): the run shows over a page in use, the
+// more alarming of two over one another, and never over a free or leaked page. Applied for
+// every such run, in any order, it gives the page's state.
+func reserved(cur, st PageState) PageState {
+	switch {
+	case cur == PageFree || cur == PageLeaked:
+		return cur
+	case cur < PageAwaiting || st > cur:
+		return st
 	}
-	return out
+	return cur
+}
+
+// runState says how a reserved run of length n with got slots received shows on its pages:
+// awaiting KV, partly received, or (false) not at all, all of it in.
+func runState(got int, n int64) (PageState, bool) {
+	switch {
+	case int64(got) >= n:
+		return PageFree, false
+	case got > 0:
+		return PagePartial, true
+	}
+	return PageAwaiting, true
+}
+
+// runPages returns the pages a run of slots lies on, [lo, hi], of a cache of n pages of ps
+// slots; lo > hi when none.
+func runPages(run pages.Run, ps, n int64) (lo, hi int64) {
+	return run.Start / ps, min((run.End()-1)/ps, n-1)
+}
+
+// PageMap is what every page of the KV cache is doing, and how many pages each sequence
+// uses. The engine builds it from scratch (build: one pass over the sequences' block chains
+// and one over the pages); a View builds it once and then keeps it current from the events
+// it applies, page by page (pagekeep.go). Both decide a page's state with pageState and
+// reserved, the one place that does; a test holds the two to the same result at every step.
+type PageMap struct {
+	// States is each page's state, by page id; Count the pages in each state.
+	States []PageState
+	Count  [NumPageStates]int
+
+	cache *pages.Cache
+	// seqPages is how many pages each sequence uses, by sequence id (sequence ids are small:
+	// the engine hands freed ones out again); -1 for one the cache does not hold.
+	seqPages []int32
+
+	// What build works with, kept for the next build. seqs are the cache's sequences; the
+	// chain of seqs[i] (block ids, root first) is chains[chainAt[i]:chainAt[i+1]]. By block
+	// id: the sequences that use the block by role, and its pages.
+	seqs       []int64
+	chainAt    []int32
+	chains     []int32
+	roles      []seqRole // by index in seqs
+	blockUsers []users
+	blockPages []int32
+	// listed is the index in seqs by sequence id, -1 when not listed.
+	listed []int32
+
+	// epoch names this map's states since they were last built from scratch; journal is
+	// a ring of the pages whose state changed since, changes of them in all (Changes).
+	epoch   uint64
+	journal []int32
+	changes uint64
+
+	// kept is set while a View keeps the map current (pagekeep.go): then each page's users
+	// and the reservations on it are counted, and each sequence's role is known.
+	kept     bool
+	pgUsers  []users
+	pgRuns   [][2]int32 // by page: reserved runs on it awaiting KV, and partly received
+	seqRoles []seqRole  // by sequence id, for those the cache holds
+	recN     []int32    // by sequence id: how often the recycling list names it
+}
+
+// pageMapEpochs numbers the page maps' epochs, so that a mark of one map never passes for
+// another's.
+var pageMapEpochs atomic.Uint64
+
+// PageMark is where a reader of a page map's changes got to: the zero mark has read
+// nothing.
+type PageMark struct{ epoch, n uint64 }
+
+// Changes appends to dst the pages whose state has changed since mark, a mark an earlier
+// call returned, and returns the mark to read from next time. A page that changed twice may
+// be listed twice. ok is false when the map cannot tell (the mark is the zero mark, or from
+// another map or from before the map was built again, or too many pages have changed
+// since): the reader reads every page again. A map the engine builds from scratch is built
+// again for every change, so reading its changes always says so.
+func (pm *PageMap) Changes(mark PageMark, dst []int32) (_ []int32, next PageMark, ok bool) {
+	next = PageMark{pm.epoch, pm.changes}
+	ring := uint64(len(pm.journal))
+	if mark.epoch != pm.epoch || mark.n > pm.changes || pm.changes-mark.n > ring {
+		return dst, next, false
+	}
+	for i := mark.n; i < pm.changes; i++ {
+		dst = append(dst, pm.journal[i%ring])
+	}
+	return dst, next, true
+}
+
+// SeqPages returns how many pages a sequence uses, if the cache holds it.
+func (pm *PageMap) SeqPages(seq int64) (int, bool) {
+	if seq < 0 || seq >= int64(len(pm.seqPages)) || pm.seqPages[seq] < 0 {
+		return 0, false
+	}
+	return int(pm.seqPages[seq]), true
+}
+
+// BlockUsers returns the sequences whose chain holds a block, ascending.
+func (pm *PageMap) BlockUsers(b int32) []int64 {
+	if pm.cache == nil {
+		return nil
+	}
+	return pm.cache.BlockSequences(b, nil)
 }
 
 // grow returns s with room for index i, zeroing what it adds.
@@ -468,59 +537,50 @@ func grow[T any](s []T, i int) []T {
 	return append(s, make([]T, i+1-len(s))...)
 }
 
-// build derives the page map from src and its requests' facts, reusing pm's buffers.
+// build derives the page map from src and its requests' facts, reusing pm's buffers. The
+// map is then not kept: a View that keeps it says so after (View.keepPages).
 func (pm *PageMap) build(src source, fs []facts) {
 	c := src.cache()
 	n := c.NumPages()
+	pm.cache = c
+	pm.kept = false
+	pm.epoch, pm.changes = pageMapEpochs.Add(1), 0
 	pm.States = slices.Grow(pm.States[:0], n)[:n]
 	pm.Count = [NumPageStates]int{}
-	clear(pm.users)
-	clear(pm.nonRec)
+	clear(pm.blockUsers)
 	clear(pm.blockPages)
+	for i := range pm.seqPages {
+		pm.seqPages[i] = -1
+	}
 	pm.listSeqs(src, fs)
 	for i := range pm.seqs {
 		role := pm.roles[i]
 		for _, b := range pm.chains[pm.chainAt[i]:pm.chainAt[i+1]] {
-			pm.users = grow(pm.users, int(b))
-			pm.nonRec = grow(pm.nonRec, int(b))
-			pm.lastRole = grow(pm.lastRole, int(b))
-			pm.users[b]++
-			if role != roleRecycling {
-				pm.nonRec[b]++
-			}
-			pm.lastRole[b] = role
+			pm.blockUsers = grow(pm.blockUsers, int(b))
+			pm.blockUsers[b][role]++
 		}
 	}
+	var none users
 	for pg := range n {
 		b := c.PageBlock(int32(pg))
-		if b < 0 || int(b) >= len(pm.users) || pm.users[b] == 0 {
-			pm.States[pg] = PageFree
-			continue
+		u := &none
+		if b >= 0 && int(b) < len(pm.blockUsers) {
+			u = &pm.blockUsers[b]
 		}
-		pm.blockPages = grow(pm.blockPages, int(b))
-		pm.blockPages[b]++
-		switch {
-		case pm.nonRec[b] == 0:
-			pm.States[pg] = PageRecycling
-		case pm.users[b] > 1:
-			pm.States[pg] = PageShared
-		case pm.lastRole[b] == roleLeaked:
-			pm.States[pg] = PageLeaked
-		case pm.lastRole[b] == rolePrepared:
-			pm.States[pg] = PagePrepared
-		default:
-			pm.States[pg] = PageActive
+		if pm.States[pg] = pageState(u); pm.States[pg] != PageFree {
+			pm.blockPages = grow(pm.blockPages, int(b))
+			pm.blockPages[b]++
 		}
 	}
-	pm.seqPages = pm.seqPages[:0]
-	for i := range pm.seqs {
-		sum := int32(0)
+	for _, s := range pm.seqs {
+		pm.seqPages[s] = 0
+	}
+	for i, s := range pm.seqs {
 		for _, b := range pm.chains[pm.chainAt[i]:pm.chainAt[i+1]] {
 			if int(b) < len(pm.blockPages) {
-				sum += pm.blockPages[b]
+				pm.seqPages[s] += pm.blockPages[b]
 			}
 		}
-		pm.seqPages = append(pm.seqPages, sum)
 	}
 	// A prepared request's reserved runs: awaiting or partly received by the count of its
 	// run's slots received (a View knows how many per run, not which).
@@ -535,21 +595,13 @@ func (pm *PageMap) build(src source, fs []facts) {
 			if i < len(recv) {
 				got = recv[i]
 			}
-			st := PageAwaiting
-			switch {
-			case int64(got) >= run.Len:
+			st, shows := runState(got, run.Len)
+			if !shows {
 				continue
-			case got > 0:
-				st = PagePartial
 			}
-			for pg := run.Start / ps; pg <= (run.End()-1)/ps && pg < int64(n); pg++ {
-				cur := pm.States[pg]
-				if cur == PageFree || cur == PageLeaked {
-					continue
-				}
-				if cur < PageAwaiting || st > cur {
-					pm.States[pg] = st
-				}
+			lo, hi := runPages(run, ps, int64(n))
+			for pg := lo; pg <= hi; pg++ {
+				pm.States[pg] = reserved(pm.States[pg], st)
 			}
 		}
 	}
@@ -575,53 +627,40 @@ func (pm *PageMap) unlist() {
 
 // listSeqs lists the cache's sequences, their block chains and roles, from the table's
 // requests and the recycling list, which hold them all (the engine keeps a leaked request
-// while its sequence lives), noting which request holds which. Should the list ever miss
-// one, it falls back to the cache's own list, which costs a sort.
+// while its sequence lives). A sequence the recycling list names is recycling; another is
+// in the role of the first request that holds it. Should the list ever miss one, it falls
+// back to the cache's own list, which costs a sort.
 func (pm *PageMap) listSeqs(src source, fs []facts) {
 	c := src.cache()
 	pm.unlist()
-	pm.seqs, pm.reqSeq, pm.roles = pm.seqs[:0], pm.reqSeq[:0], pm.roles[:0]
+	pm.seqs, pm.roles = pm.seqs[:0], pm.roles[:0]
 	pm.chainAt, pm.chains = pm.chainAt[:0], pm.chains[:0]
-	add := func(seq int64, role seqRole) int32 {
-		if seq < 0 {
-			return -1
-		}
-		if i := pm.index(seq); i >= 0 {
-			return i
+	add := func(seq int64, role seqRole) {
+		if seq < 0 || pm.index(seq) >= 0 {
+			return
 		}
 		at := len(pm.chains)
 		var err error
 		if pm.chains, err = c.SequenceBlocks(seq, pm.chains); err != nil {
 			pm.chains = pm.chains[:at]
-			return -1
+			return
 		}
-		i := int32(len(pm.seqs))
 		for int64(len(pm.listed)) <= seq {
 			pm.listed = append(pm.listed, -1)
+			pm.seqPages = append(pm.seqPages, -1)
 		}
-		pm.listed[seq] = i
+		pm.listed[seq] = int32(len(pm.seqs))
 		pm.chainAt = append(pm.chainAt, int32(at))
 		pm.seqs = append(pm.seqs, seq)
 		pm.roles = append(pm.roles, role)
-		return i
 	}
-	rec := src.recycling()
-	for _, s := range rec {
+	for _, s := range src.recycling() {
 		add(s, roleRecycling)
 	}
-	for j, f := range fs {
-		i := int32(-1)
-		if seq, ok := src.holds(j); ok {
-			role := roleLive
-			switch {
-			case f.leaked:
-				role = roleLeaked
-			case f.state == StatePrepared || f.state == StateKVComplete:
-				role = rolePrepared
-			}
-			i = add(seq, role)
+	for j := range fs {
+		if f := &fs[j]; f.held {
+			add(f.seq, holderRole(f.state, f.leaked))
 		}
-		pm.reqSeq = append(pm.reqSeq, i)
 	}
 	if len(pm.seqs) != c.NumSequences() {
 		// Some sequence has no record: list the cache's own, with what is known of each.
@@ -634,14 +673,19 @@ func (pm *PageMap) listSeqs(src source, fs []facts) {
 		for _, s := range c.SequenceIDs() {
 			add(s, roles[s])
 		}
-		for j := range fs {
-			pm.reqSeq[j] = -1
-			if seq, ok := src.holds(j); ok {
-				pm.reqSeq[j] = pm.index(seq)
-			}
-		}
 	}
 	pm.chainAt = append(pm.chainAt, int32(len(pm.chains)))
+}
+
+// holderRole is the role of a sequence held by a request in state st.
+func holderRole(st RequestState, leaked bool) seqRole {
+	switch {
+	case leaked:
+		return roleLeaked
+	case st == StatePrepared || st == StateKVComplete:
+		return rolePrepared
+	}
+	return roleLive
 }
 
 // AgeState is a stage a request can wait in, as a fleet's alerts read it: each has the age

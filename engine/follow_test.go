@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -53,6 +54,11 @@ func (p *shadowPair) fold() {
 	p.s.TakeTokens()
 	if diff := ShadowDiff(p.s.Snapshot(), p.v.Snapshot()); diff != nil {
 		p.t.Fatalf("the shadow's viewer differs from the shadow:\n%s", strings.Join(diff, "\n"))
+	}
+	// The viewer's page map, kept from the events (swaps and sunk pages included), is the
+	// one built from scratch from the shadow.
+	if got, want := p.v.PageMap(), ScratchPageMap(p.s); !slices.Equal(got.States, want.States) {
+		p.t.Fatalf("the viewer's page map differs from the shadow's: %v, want %v", got.Count, want.Count)
 	}
 }
 

@@ -4,11 +4,13 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/kvtop/kvtop/engine/pages"
 	"github.com/kvtop/kvtop/engine/prefix"
 	"github.com/kvtop/kvtop/engine/prepare"
+	"github.com/kvtop/kvtop/internal/invariants"
 )
 
 // Snapshot is the whole state a viewer needs to draw the engine from scratch. Applying the
@@ -235,10 +237,15 @@ var ErrDiverged = errors.New("engine: view diverged from the engine")
 // the engine's events in order. It keeps a replica of model 0's paged KV cache, so the page
 // map is exact. A View is not safe for concurrent use.
 type View struct {
-	cfg       Config
-	stamp     Stamp
-	reqs      map[string]*RequestView
-	order     []*RequestView
+	cfg   Config
+	stamp Stamp
+	reqs  map[string]*viewRequest
+	order []*RequestView
+	// serials are the requests' serial numbers, in table order (ascending): a request's
+	// place in the table is found by its serial.
+	serials   []uint64
+	serial    uint64 // the last one given
+	holes     int    // places of retired requests, nil in order until compact
 	waiting   []string
 	running   []string
 	cache     *pages.Cache
@@ -246,34 +253,61 @@ type View struct {
 	stats     prefix.Stats
 	cf        *Counterfactual
 	recycling []int64
-	owners    map[int64]string
-	kv        map[string]*kvProgress
-	metadata  []MetadataEmitted
-	hazards   []HazardDetected
-	lastMatch *PrefixMatched
-	totals    Totals
-	last      StepCompleted
-	version   uint64
-	follow    *Standing // a shadow's standing, nil otherwise
+	// recyclingWas is the array of the list before the last prefix change, for the next.
+	recyclingWas []int64
+	owners       map[int64]string
+	holders      []*viewRequest // by sequence id: the request owners names, while in the table
+	kv           map[string]*kvProgress
+	metadata     []MetadataEmitted
+	hazards      []HazardDetected
+	lastMatch    *PrefixMatched
+	totals       Totals
+	last         StepCompleted
+	version      uint64
+	follow       *Standing // a shadow's standing, nil otherwise
 
-	// What is derived from the view (derive.go), kept until what it depends on changes:
-	// the page map until an event that moves pages, the rest until any event.
+	// What is derived from the view (derive.go). The page map is built once, when first
+	// asked for, and then kept current by the events as they apply (pagekeep.go);
+	// pagesVersion changes whenever it may have changed. The requests' facts and statuses
+	// are kept in table order for the first len(fs) requests (the others arrived since
+	// they were last derived); dirty lists the serials of the requests the events changed
+	// since, whose facts are read again and whose statuses are derived again (all of them
+	// when the line's head changes from blocked to not or back, or the page map was built
+	// again).
 	pagesVersion uint64
-	// requestsVersion changes with every event that can change what derivation reads of
-	// the requests; the others (step summaries, prefix-tree changes) move only the clock.
-	requestsVersion uint64
-	fs              []facts
-	fsVersion       uint64
-	pm              PageMap
-	pmVersion       uint64
-	sts             []RequestStatus
-	derived         Derived
-	dVersion        uint64
-	dRequests       uint64 // requestsVersion and pagesVersion when derived was built
-	dPages          uint64
-	stsIndex        map[string]int // index in sts by request id, when asked for
-	idxVersion      uint64
-	slots           []int64 // the cache's reservations, reused
+	pm           PageMap
+	fs           []facts
+	sts          []RequestStatus
+	// changed is, for each of them, the view's version when its record or its status last
+	// changed (RequestVersions); flags mark those to derive again, and those not tallied
+	// yet.
+	changed      []uint64
+	flags        []uint8
+	rederive     []uint64 // the serials of those marked to derive again
+	dirty        []uint64
+	dirtyGen     uint64 // a request is listed in dirty once a generation
+	t            tally  // of sts
+	waitingFacts int    // of fs, those of waiting requests
+	headBlocked  bool   // the line's head was blocked when sts were derived
+	headAt       int    // and its place in the table (len(fs): none waited)
+	derivedAt    int64  // the time sts were derived for
+	nextStuck    int64  // no later than the first time a prepared request becomes stuck
+	pmEpoch      uint64 // the page map's epoch they were derived with
+	derived      Derived
+	dVersion     uint64
+	slots        []int64 // the cache's reservations, reused
+	pgBuf        []int32 // a sequence's pages, reused
+	unread       int     // events applied since the page map was last read
+	runBuf       []pageRun
+}
+
+// viewRequest is a View's record of one request: what the engine's snapshot says of it,
+// and what the View keeps of it.
+type viewRequest struct {
+	RequestView
+	serial   uint64
+	dirtyGen uint64    // the generation of dirty it was last listed in
+	runs     []pageRun // the reserved runs it shows on the page map (pagekeep.go)
 }
 
 // NewView builds a view from a snapshot.
@@ -284,7 +318,7 @@ func NewView(s Snapshot) (*View, error) {
 	}
 	v := &View{
 		cfg: s.Config, stamp: s.Stamp, cache: c,
-		reqs:      make(map[string]*RequestView, len(s.Requests)),
+		reqs:      make(map[string]*viewRequest, len(s.Requests)),
 		waiting:   slices.Clone(s.Waiting),
 		running:   slices.Clone(s.Running),
 		nodes:     make(map[prefix.NodeID]prefix.Node, len(s.Prefix)),
@@ -299,8 +333,7 @@ func NewView(s Snapshot) (*View, error) {
 		last:      s.Last,
 		version:   1,
 
-		pagesVersion:    1,
-		requestsVersion: 1,
+		pagesVersion: 1,
 	}
 	if s.LastMatch != nil {
 		m := *s.LastMatch
@@ -311,15 +344,15 @@ func NewView(s Snapshot) (*View, error) {
 		v.follow = &f
 	}
 	for i := range s.Requests {
-		r := s.Requests[i]
+		vr := &viewRequest{RequestView: s.Requests[i]}
+		r := &vr.RequestView
 		r.History = slices.Clone(r.History)
 		r.Hazards = slices.Clone(r.Hazards)
 		r.RunReceived = slices.Clone(r.RunReceived)
 		if _, dup := v.reqs[r.ID]; dup {
 			return nil, fmt.Errorf("engine: view from snapshot: request %s twice: %w", r.ID, ErrDiverged)
 		}
-		v.reqs[r.ID] = &r
-		v.order = append(v.order, &r)
+		v.add(vr)
 		if len(r.Runs) > 0 && r.Reserved > 0 {
 			kp := newKVProgress(r.Runs[0], s.Config.PageSize)
 			if kp.reserved != r.Reserved || len(kp.runRecv) != len(r.RunReceived) {
@@ -336,7 +369,7 @@ func NewView(s Snapshot) (*View, error) {
 		v.nodes[n.ID] = n
 	}
 	for _, o := range s.Owners {
-		v.owners[o.Seq] = o.ID
+		v.setOwner(o.Seq, o.ID)
 	}
 	return v, nil
 }
@@ -355,12 +388,94 @@ func (v *View) Cache() *pages.Cache { return v.cache }
 
 // Request returns a request by id.
 func (v *View) Request(id string) (*RequestView, bool) {
-	r, ok := v.reqs[id]
-	return r, ok
+	if r := v.reqs[id]; r != nil {
+		return &r.RequestView, true
+	}
+	return nil, false
+}
+
+// add puts a request at the end of the table.
+func (v *View) add(r *viewRequest) {
+	v.serial++
+	r.serial = v.serial
+	v.reqs[r.ID] = r
+	v.order = append(v.order, &r.RequestView)
+	v.serials = append(v.serials, r.serial)
+}
+
+// place returns a request's place in the table (retired requests leave theirs empty until
+// compact).
+func (v *View) place(r *viewRequest) (int, bool) {
+	i, ok := slices.BinarySearch(v.serials, r.serial)
+	return i, ok && v.order[i] != nil
+}
+
+// touch notes that a request's record changed (or, for its status, what it holds): its
+// facts are read again and its status derived again.
+func (v *View) touch(r *viewRequest) {
+	if len(v.fs) == 0 {
+		return // nothing derived yet: it all will be
+	}
+	if r.dirtyGen != v.dirtyGen {
+		r.dirtyGen = v.dirtyGen
+		v.dirty = append(v.dirty, r.serial)
+	}
+}
+
+// retire takes a request out of the table, and out of what is derived of it. Its place is
+// left empty until the table is next read (compact), so that the retirements of a batch of
+// events close up the table once.
+func (v *View) retire(r *viewRequest) {
+	i, ok := v.place(r)
+	if !ok {
+		return
+	}
+	v.order[i] = nil
+	v.holes++
+	if r.Seq >= 0 && r.Seq < int64(len(v.holders)) && v.holders[r.Seq] == r {
+		v.holders[r.Seq] = nil
+	}
+	if i < len(v.fs) {
+		if v.flags[i]&untallied == 0 {
+			v.t.sub(&v.sts[i])
+		}
+		v.waitingFacts -= waiting(&v.fs[i])
+	}
+	delete(v.reqs, r.ID)
+}
+
+// compact closes up the places retire left empty.
+func (v *View) compact() {
+	if v.holes == 0 {
+		return
+	}
+	k, derived, before := 0, 0, 0
+	for i, r := range v.order {
+		if r == nil {
+			if i < v.headAt {
+				before++
+			}
+			continue
+		}
+		v.order[k], v.serials[k] = r, v.serials[i]
+		if i < len(v.fs) {
+			v.fs[k], v.sts[k], v.changed[k], v.flags[k] = v.fs[i], v.sts[i], v.changed[i], v.flags[i]
+			derived = k + 1
+		}
+		k++
+	}
+	clear(v.order[k:])
+	v.order, v.serials = v.order[:k], v.serials[:k]
+	v.fs, v.sts, v.changed, v.flags = v.fs[:derived], v.sts[:derived], v.changed[:derived], v.flags[:derived]
+	v.headAt -= before
+	v.holes = 0
 }
 
 // Requests returns the request table in arrival order. Read it; do not change it.
-func (v *View) Requests() []*RequestView { return v.order }
+func (v *View) Requests() []*RequestView {
+	v.compact()
+	return v.order
+}
 
 // Waiting and Running return the queues.
 func (v *View) Waiting() []string { return v.waiting }
@@ -417,7 +532,7 @@ func (v *View) Last() StepCompleted { return v.last }
 func (v *View) Head() *RequestView {
 	for _, id := range v.waiting {
 		if r := v.reqs[id]; r != nil && r.State == StateWaiting {
-			return r
+			return &r.RequestView
 		}
 	}
 	return nil
@@ -445,23 +560,75 @@ func (v *View) Blocked(r *RequestView) (prepare.Evaluation, bool) {
 // by it, so that a trickle of step summaries does not redraw 65,536 pages.
 func (v *View) PagesVersion() uint64 { return v.pagesVersion }
 
-// PageMap returns what every page is doing, built again only when an event that moves pages
-// has been applied since. Read it; do not change it.
+// PageMap returns what every page is doing. It is built when first asked for and then kept
+// current as events apply, page by page (pagekeep.go), for as long as it is read often
+// enough for that to pay (keepLimit); PageMap.Changes says which pages changed. Read it; do
+// not change it.
 func (v *View) PageMap() *PageMap {
-	if v.pmVersion != v.pagesVersion {
+	if !v.pm.kept {
 		v.pm.build(viewSource{v}, v.facts())
-		v.pmVersion = v.pagesVersion
+		v.keepPages()
+	}
+	v.unread = 0
+	if invariants.Enabled {
+		if err := v.checkPages(); err != nil {
+			panic(err)
+		}
 	}
 	return &v.pm
 }
 
-// facts returns the requests' facts, gathered again only when an event may have changed them.
+// facts returns the requests' facts, in table order, reading again those of the requests
+// the events changed.
 func (v *View) facts() []facts {
-	if v.fsVersion != v.requestsVersion {
-		v.fs = viewSource{v}.facts(v.fs[:0])
-		v.fsVersion = v.requestsVersion
-	}
+	v.gather()
 	return v.fs
+}
+
+// The flags of a derived request.
+const (
+	again     uint8 = 1 << iota // its status is to derive again
+	untallied                   // its status is not in the tally yet
+)
+
+// waiting is 1 for a waiting request's facts, else 0.
+func waiting(f *facts) int {
+	if f.state == StateWaiting {
+		return 1
+	}
+	return 0
+}
+
+// gather reads again the facts of the requests the events changed, and those of the ones
+// that arrived since the last time, marking their statuses to derive again.
+func (v *View) gather() {
+	v.compact()
+	for _, serial := range v.dirty {
+		i, ok := slices.BinarySearch(v.serials, serial)
+		if !ok || i >= len(v.fs) {
+			continue // retired, or arrived since: read below
+		}
+		f := &v.fs[i]
+		v.waitingFacts -= waiting(f)
+		v.viewFacts(v.order[i], f)
+		v.waitingFacts += waiting(f)
+		if v.flags[i]&again == 0 {
+			v.flags[i] |= again
+			v.rederive = append(v.rederive, serial)
+		}
+		v.changed[i] = v.version
+	}
+	v.dirty = v.dirty[:0]
+	v.dirtyGen++
+	for i := len(v.fs); i < len(v.order); i++ {
+		v.fs = append(v.fs, facts{})
+		v.viewFacts(v.order[i], &v.fs[i])
+		v.waitingFacts += waiting(&v.fs[i])
+		v.sts = append(v.sts, RequestStatus{})
+		v.changed = append(v.changed, v.version)
+		v.flags = append(v.flags, again|untallied)
+		v.rederive = append(v.rederive, v.serials[i])
+	}
 }
 
 // Statuses returns each request's status, in the order of Requests. Read it; do not change
@@ -471,20 +638,22 @@ func (v *View) Statuses() []RequestStatus {
 	return v.sts
 }
 
+// RequestVersions returns, for each request of Requests, the view's Version when its record
+// or its status last changed: a reader that makes something of a request keeps it until
+// then. Read it; do not change it.
+func (v *View) RequestVersions() []uint64 {
+	v.refreshDerived()
+	return v.changed
+}
+
 // StatusOf returns one request's status.
 func (v *View) StatusOf(id string) (RequestStatus, bool) {
-	v.refreshDerived()
-	if v.idxVersion != v.requestsVersion || v.stsIndex == nil {
-		if v.stsIndex == nil {
-			v.stsIndex = make(map[string]int, len(v.order))
-		}
-		clear(v.stsIndex)
-		for i, r := range v.order {
-			v.stsIndex[r.ID] = i
-		}
-		v.idxVersion = v.requestsVersion
+	r := v.reqs[id]
+	if r == nil {
+		return RequestStatus{}, false
 	}
-	i, ok := v.stsIndex[id]
+	v.refreshDerived()
+	i, ok := v.place(r)
 	if !ok {
 		return RequestStatus{}, false
 	}
@@ -498,22 +667,114 @@ func (v *View) Derived() Derived {
 	return v.derived
 }
 
+// refreshDerived derives again what the events since the last time may have changed: the
+// statuses of the requests they changed (all of them when the head of the line went from
+// blocked to not or back, or the page map was built again), and, when the clock moved,
+// whether each prepared request is stuck. What it derives is what statuses derives from
+// scratch; a test holds the two to the same result at every step.
 func (v *View) refreshDerived() {
-	switch {
-	case v.dVersion == v.version:
+	if v.dVersion == v.version {
 		return
-	case v.dRequests == v.requestsVersion && v.dPages == v.pagesVersion && v.sts != nil:
-		// Only the clock moved (an idle engine's steps): only prepared requests can have
-		// become stuck.
-		v.derived.Stuck += retime(v.cfg, v.stamp.At, v.facts(), v.sts)
-	default:
-		pm := v.PageMap()
-		var t tally
-		v.sts = statuses(v.cfg, v.stamp.At, v.facts(), pm, v.sts, &t)
-		v.derived = t.done(viewSource{v}, pm)
-		v.dRequests, v.dPages = v.requestsVersion, v.pagesVersion
 	}
+	pm := v.PageMap()
+	v.gather()
+	// The head of the line: the first waiting request of the table (classifier). No
+	// request waits again once it has stopped, so it is not before the last one.
+	head, headBlocked := len(v.fs), false
+	if v.waitingFacts > 0 {
+		for i := v.headAt; i < len(v.fs); i++ {
+			if v.fs[i].state == StateWaiting {
+				head, headBlocked = i, v.fs[i].evaluated
+				break
+			}
+		}
+	}
+	if invariants.Enabled && slices.ContainsFunc(v.fs[:head], func(f facts) bool { return f.state == StateWaiting }) {
+		panic(fmt.Sprintf("engine: a request waits before the head of the line, %d", head))
+	}
+	v.headAt = head
+	now := v.stamp.At
+	all := headBlocked != v.headBlocked || pm.epoch != v.pmEpoch
+	v.headBlocked, v.pmEpoch = headBlocked, pm.epoch
+	if all {
+		v.t = tally{}
+		v.nextStuck = math.MaxInt64
+		c := newClassifier(v.cfg, now)
+		for i := range v.fs {
+			old := v.sts[i]
+			c.status(&v.fs[i], &v.sts[i])
+			pm.pages(&v.fs[i], &v.sts[i])
+			v.settle(i, &old, false)
+		}
+	} else {
+		for _, serial := range v.rederive {
+			i, ok := slices.BinarySearch(v.serials, serial)
+			if !ok || v.flags[i]&again == 0 {
+				continue // retired since
+			}
+			// Past the head, a waiting request is blocked behind it if it is blocked
+			// (before it, none is waiting): the classifier has seen the head.
+			c := newClassifier(v.cfg, now)
+			c.headSeen, c.headBlocked = i > head, headBlocked
+			old := v.sts[i]
+			c.status(&v.fs[i], &v.sts[i])
+			pm.pages(&v.fs[i], &v.sts[i])
+			v.settle(i, &old, v.flags[i]&untallied == 0)
+		}
+		if now < v.derivedAt || now >= v.nextStuck {
+			// Only a prepared request's stuckness depends on the clock: it may have
+			// changed once the clock reaches the first time one of them becomes stuck
+			// (or went back).
+			v.nextStuck = math.MaxInt64
+			c := newClassifier(v.cfg, now)
+			for i := range v.sts {
+				sp := &v.sts[i]
+				if sp.Condition != CondPrepared && sp.Condition != CondKVComplete {
+					continue
+				}
+				if stuck := c.preparedStuck(&v.fs[i]); stuck != sp.Stuck {
+					v.t.sub(sp)
+					sp.Stuck = stuck
+					v.t.add(sp)
+					v.changed[i] = v.version
+				}
+				v.mayBecomeStuck(i)
+			}
+		}
+	}
+	v.rederive = v.rederive[:0]
+	v.derivedAt = now
+	v.derived = v.t.done(viewSource{v}, pm)
 	v.dVersion = v.version
+}
+
+// settle adds the i-th request's status, just derived into sts, to the tally, taking the
+// one it replaced, old, out of it first when untally says so. (It compares the two field
+// by field: the classifier has just stored the new one so, and reading it whole would
+// stall on those stores.)
+func (v *View) settle(i int, old *RequestStatus, untally bool) {
+	st := &v.sts[i]
+	if st.Pages != old.Pages || st.State != old.State || st.Condition != old.Condition ||
+		st.Blocked != old.Blocked || st.Stuck != old.Stuck || st.Hazardous != old.Hazardous {
+		v.changed[i] = v.version
+	}
+	if untally {
+		v.t.sub(old)
+	}
+	v.t.add(st)
+	v.flags[i] = 0
+	v.mayBecomeStuck(i)
+}
+
+// mayBecomeStuck notes when the i-th request, if it is prepared and not stuck yet, becomes
+// stuck with time: nextStuck is never later than the first such time, so that until then
+// the clock changes no status.
+func (v *View) mayBecomeStuck(i int) {
+	st := &v.sts[i]
+	if limit := v.cfg.PreparedAgeLimit.Milliseconds(); limit > 0 && !st.Stuck &&
+		(st.Condition == CondPrepared || st.Condition == CondKVComplete) {
+		v.nextStuck = min(v.nextStuck, v.fs[i].admitted+limit)
+	}
 }
 
 // Snapshot returns the view's state in the engine's Snapshot form.
@@ -528,7 +789,7 @@ func (v *View) Snapshot() Snapshot {
 		f := v.follow.clone()
 		p.follow = &f
 	}
-	for _, r := range v.order {
+	for _, r := range v.Requests() {
 		c := *r
 		c.History = materialize(r.History)
 		c.Hazards = slices.Clone(r.Hazards)
@@ -577,32 +838,103 @@ func (v *View) prefixNodes() []prefix.Node {
 // Apply applies one event. An error means the event does not fit the view (it missed
 // events): the view is then unreliable and the viewer must start again from a snapshot.
 func (v *View) Apply(ev Event) error {
+	if v.pm.kept {
+		if v.unread++; v.unread > keepLimit(v.cache.NumPages()) {
+			v.pm.kept = false // built again when next read
+		}
+	}
+	changes := v.pm.changes
 	if err := v.apply(ev); err != nil {
+		v.forget()
 		return fmt.Errorf("%w: %s: %v", ErrDiverged, KindOf(ev), err)
 	}
 	v.stamp = ev.When()
 	v.version++
 	k := infoOf(ev) // once: the registry's flags say what else the event moves
-	if k == nil || k.flags&movesPages != 0 {
+	if k == nil || k.flags&movesPages != 0 || v.pm.changes != changes {
 		v.pagesVersion++
-	}
-	if k == nil || k.flags&leavesRequests == 0 {
-		v.requestsVersion++
 	}
 	if id, coalesce, ok := k.markOf(ev); ok {
 		if r := v.reqs[id]; r != nil {
 			r.History = addMark(r.History, k.newMark(ev), coalesce)
+			v.touch(r)
 		}
 	}
 	return nil
 }
 
-func (v *View) req(id string) (*RequestView, error) {
+// forget drops what is derived, after an event that did not fit: it is derived again from
+// scratch if asked for.
+func (v *View) forget() {
+	v.pm.kept = false
+	v.fs, v.sts, v.changed, v.flags, v.rederive = v.fs[:0], v.sts[:0], v.changed[:0], v.flags[:0], v.rederive[:0]
+	v.compact()
+	v.t, v.waitingFacts, v.pmEpoch, v.headAt = tally{}, 0, 0, 0
+	v.version++
+	v.pagesVersion++
+}
+
+// req returns a request the event names, noting that it changes.
+func (v *View) req(id string) (*viewRequest, error) {
 	r := v.reqs[id]
 	if r == nil {
 		return nil, fmt.Errorf("unknown request %s", id)
 	}
+	v.touch(r)
 	return r, nil
+}
+
+// setOwner records who holds a sequence now; the request that held it before no longer
+// does.
+func (v *View) setOwner(seq int64, id string) {
+	v.ownerChanges(seq)
+	v.owners[seq] = id
+	if seq >= 0 && seq < maxDenseSeq {
+		v.holders = grow(v.holders, int(seq))
+		v.holders[seq] = v.reqs[id]
+	}
+}
+
+// dropOwner forgets who held a sequence that is gone.
+func (v *View) dropOwner(seq int64) {
+	v.ownerChanges(seq)
+	delete(v.owners, seq)
+	if seq >= 0 && seq < int64(len(v.holders)) {
+		v.holders[seq] = nil
+	}
+}
+
+// maxDenseSeq bounds the sequence ids the View keeps the holder of by id, in a slice
+// (the engine's are small: it hands freed ones out again); beyond, holder asks the maps.
+const maxDenseSeq = 1 << 24
+
+// ownerChanges notes that the request holding a sequence changes: what it holds does.
+func (v *View) ownerChanges(seq int64) {
+	if len(v.fs) == 0 {
+		return
+	}
+	if r := v.holder(seq); r != nil {
+		v.touch(r)
+	}
+}
+
+// holder returns the request that holds a sequence, if one does: the one owners names for
+// it, if it is in the table and its sequence is that one.
+func (v *View) holder(seq int64) *viewRequest {
+	if seq >= 0 && seq < maxDenseSeq {
+		if seq < int64(len(v.holders)) {
+			if r := v.holders[seq]; r != nil && r.Seq == seq {
+				return r
+			}
+		}
+		return nil
+	}
+	if id, ok := v.owners[seq]; ok {
+		if r := v.reqs[id]; r != nil && r.Seq == seq {
+			return r
+		}
+	}
+	return nil
 }
 
 func (v *View) apply(ev Event) error {
@@ -611,10 +943,8 @@ func (v *View) apply(ev Event) error {
 		if _, dup := v.reqs[e.ID]; dup {
 			return fmt.Errorf("request %s arrived twice", e.ID)
 		}
-		r := &RequestView{ID: e.ID, State: StateWaiting, PromptLength: e.PromptLength, End: e.End,
-			MaxTokens: e.MaxTokens, Seq: -1, Parent: -1, Arrived: e.Stamp}
-		v.reqs[e.ID] = r
-		v.order = append(v.order, r)
+		v.add(&viewRequest{RequestView: RequestView{ID: e.ID, State: StateWaiting, PromptLength: e.PromptLength, End: e.End,
+			MaxTokens: e.MaxTokens, Seq: -1, Parent: -1, Arrived: e.Stamp}})
 		v.waiting = append(v.waiting, e.ID)
 		v.totals.Arrived++
 	case PrepareBlocked:
@@ -630,27 +960,34 @@ func (v *View) apply(ev Event) error {
 		if err != nil {
 			return err
 		}
+		was := r.Seq
 		r.Seq, r.Matched, r.Match, r.Parent = e.Seq, e.Matched, e.Match, e.Parent
 		m := e
 		v.lastMatch = &m
 		if e.Match == prefix.Reuse {
-			v.recycling = remove(v.recycling, e.Seq)
-			v.owners[e.Seq] = e.ID
+			v.unrecycle(e.Seq)
+			v.setOwner(e.Seq, e.ID)
 		}
+		v.roleMayChange(was)
+		v.roleMayChange(e.Seq)
 	case SeqAdded:
 		if err := v.cache.AddSequence(e.Seq); err != nil {
 			return err
 		}
-		v.owners[e.Seq] = e.ID
+		v.setOwner(e.Seq, e.ID)
+		v.seqAdded(e.Seq)
 	case SeqForked:
 		if err := v.cache.ForkSequence(e.Parent, e.Child, e.Pos); err != nil {
 			return err
 		}
-		v.owners[e.Child] = e.ID
+		v.setOwner(e.Child, e.ID)
+		v.seqAdded(e.Child)
 	case SeqPopped:
+		v.seqLeaving(e.Seq)
 		if err := v.cache.PopN(e.Seq, e.N); err != nil {
 			return err
 		}
+		v.seqAdded(e.Seq)
 	case PagesReserved:
 		before := v.cache.NumAvailablePages()
 		var err error
@@ -660,11 +997,13 @@ func (v *View) apply(ev Event) error {
 		if got := before - v.cache.NumAvailablePages(); got != len(e.NewPages) {
 			return fmt.Errorf("seq %d took %d pages, the engine says %v", e.Seq, got, e.NewPages)
 		}
+		v.seqGrew(e.Seq, v.slots)
 	case PrepareAdmitted:
 		r, err := v.req(e.ID)
 		if err != nil {
 			return err
 		}
+		was := r.Seq
 		v.waiting = remove(v.waiting, e.ID)
 		r.Eval = nil
 		r.Seq, r.End, r.Matched, r.Admitted = e.Seq, e.End, e.Matched, e.Stamp
@@ -673,6 +1012,9 @@ func (v *View) apply(ev Event) error {
 			r.State = StateKVComplete
 		}
 		v.totals.Admitted++
+		v.roleMayChange(was)
+		v.roleMayChange(r.Seq)
+		v.runsMayChange(r)
 	case MetadataEmitted:
 		r, err := v.req(e.ID)
 		if err != nil {
@@ -688,6 +1030,7 @@ func (v *View) apply(ev Event) error {
 			v.kv[e.ID] = &kp
 		}
 		v.metadata = appendBounded(v.metadata, e, v.cfg.KeepMetadata)
+		v.runsMayChange(r)
 	case KVReceived:
 		r, err := v.req(e.ID)
 		if err != nil {
@@ -723,6 +1066,7 @@ func (v *View) apply(ev Event) error {
 		if kp.complete() {
 			r.State = StateKVComplete
 		}
+		v.runsMayChange(r)
 	case RequestStarted:
 		r, err := v.req(e.ID)
 		if err != nil {
@@ -739,6 +1083,8 @@ func (v *View) apply(ev Event) error {
 		}
 		v.running = append(v.running, e.ID)
 		v.totals.Started++
+		v.roleMayChange(r.Seq)
+		v.runsMayChange(r)
 	case Prefilled:
 		r, err := v.req(e.ID)
 		if err != nil {
@@ -759,6 +1105,7 @@ func (v *View) apply(ev Event) error {
 			if v.slots, err = v.cache.ReserveAppend(r.Seq, 1, v.slots[:0]); err != nil {
 				return err
 			}
+			v.seqGrew(r.Seq, v.slots)
 			r.Generated++
 		}
 		v.totals.Generated += uint64(len(e.IDs))
@@ -786,37 +1133,40 @@ func (v *View) apply(ev Event) error {
 			st = StatePreempted
 			v.totals.Preempted++
 		}
-		v.endRequest(r, st, e.Reason, e.Stamp)
 		r.Leaked = e.Leaked
+		v.endRequest(r, st, e.Reason, e.Stamp)
 		v.totals.Aborted++
 	case SeqRecycled:
 		v.recycling = append(v.recycling, e.Seq)
+		v.recycles(e.Seq, 1)
+		v.roleMayChange(e.Seq)
 		v.totals.Recycled++
 	case SeqEvicted:
+		v.seqLeaving(e.Seq)
 		if err := v.cache.RemoveSequence(e.Seq); err != nil {
 			return err
 		}
-		v.recycling = remove(v.recycling, e.Seq)
-		delete(v.owners, e.Seq)
+		v.unrecycle(e.Seq)
+		v.dropOwner(e.Seq)
 		v.totals.Evicted++
 	case SeqRemoved:
+		v.seqLeaving(e.Seq)
 		if err := v.cache.RemoveSequence(e.Seq); err != nil {
 			return err
 		}
-		if id, ok := v.owners[e.Seq]; ok {
-			if r := v.reqs[id]; r != nil && r.Seq == e.Seq {
-				r.Leaked = false
-			}
+		if r := v.holder(e.Seq); r != nil {
+			r.Leaked = false
 		}
-		delete(v.owners, e.Seq)
+		v.dropOwner(e.Seq)
 	case RequestRetired:
 		r, err := v.req(e.ID)
 		if err != nil {
 			return err
 		}
-		delete(v.reqs, e.ID)
 		delete(v.kv, e.ID)
-		v.order = remove(v.order, r)
+		v.retire(r)
+		v.runsGone(r)
+		v.roleMayChange(r.Seq)
 	case PrefixChanged:
 		for _, n := range e.Upserts {
 			v.nodes[n.ID] = n
@@ -825,12 +1175,13 @@ func (v *View) apply(ev Event) error {
 			delete(v.nodes, id)
 		}
 		v.stats = e.Stats
-		v.recycling = append(v.recycling[:0], e.Recycling...)
+		v.recyclingIs(e.Recycling)
 		v.cf = e.Counterfactual.clone()
 	case HazardDetected:
 		v.totals.Hazards[e.Hazard.Kind]++
 		if r := v.reqs[e.Hazard.ID]; r != nil && len(r.Hazards) < maxHazards {
 			r.Hazards = append(r.Hazards, e.Hazard.Kind)
+			v.touch(r)
 		}
 		v.hazards = appendBounded(v.hazards, e, MaxRecentHazards)
 	case StepCompleted:
@@ -845,6 +1196,11 @@ func (v *View) apply(ev Event) error {
 			return err
 		}
 		v.cache.SinkFree(e.Unknown)
+		if len(e.Swaps) > 0 || len(e.Unknown) > 0 {
+			// Pages changed hands outside the cache's operations, which the kept page map
+			// follows (pagekeep.go): it is built again when next read.
+			v.forget()
+		}
 		if v.follow == nil {
 			v.follow = &Standing{}
 		}
@@ -855,12 +1211,23 @@ func (v *View) apply(ev Event) error {
 	return nil
 }
 
-func (v *View) endRequest(r *RequestView, st RequestState, reason string, at Stamp) {
+// unrecycle takes a sequence off the recycling list, if it is on it.
+func (v *View) unrecycle(seq int64) {
+	if i := slices.Index(v.recycling, seq); i >= 0 {
+		v.recycling = slices.Delete(v.recycling, i, i+1)
+		v.recycles(seq, -1)
+		v.roleMayChange(seq)
+	}
+}
+
+func (v *View) endRequest(r *viewRequest, st RequestState, reason string, at Stamp) {
 	r.State = st
 	r.FinishReason = reason
 	r.Ended = at
 	r.Pending = 0
 	r.Eval = nil
+	v.roleMayChange(r.Seq)
+	v.runsMayChange(r)
 }
 
 // Request returns one request's view, as a snapshot would show it.

@@ -310,7 +310,9 @@ func TestTapSurvivesCutStreamsAndStrangers(t *testing.T) {
 // lost observations are counted, and the shadow starts over.
 func TestTapQueueOverflowStartsTheShadowOver(t *testing.T) {
 	cfg := smallConfig()
-	tp := newTopology(t, []engine.Config{cfg}, Config{Engine: cfg, Queue: 1})
+	// Room for the few observations of one call at a time (so that the flow after the storm
+	// fits however slowly the shadow applies it), not for a held shadow's 200-token streams.
+	tp := newTopology(t, []engine.Config{cfg}, Config{Engine: cfg, Queue: 16})
 	tp.check = func(string) {}
 	tp.flow(0, "first", prompt(19, 60), 3)
 	// Hold the shadow's engine, as a shadow far behind its traffic is held.

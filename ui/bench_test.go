@@ -12,13 +12,28 @@ import (
 
 // big is a large instance: 65,536 pages and 10,000 requests in every state (prepared with
 // KV arriving, running, finished and recycling, leaked, blocked on the watermark).
-var big = sync.OnceValue(func() feed.Update {
+func big() feed.Update { return bigWith(65536) }
+
+// bigs are the large instance on caches of 65,536 and 1,048,576 pages.
+var bigs = map[int]func() feed.Update{
+	65536:   sync.OnceValue(func() feed.Update { return bigInstance(65536) }),
+	1 << 20: sync.OnceValue(func() feed.Update { return bigInstance(1 << 20) }),
+}
+
+func bigWith(pages int) feed.Update { return bigs[pages]() }
+
+// bigInstance is the large instance on a cache of the given pages: 10,000 requests in every
+// state, 64 of them running. A larger cache has the same requests in the same states on the
+// same pages, its watermark raised by the pages it adds so that the same requests wait for
+// it: only the free pages differ.
+func bigInstance(pages int) feed.Update {
 	var tb testing.B
 	s := newScript(&tb, func(c *engine.Config) {
-		c.MaxTotalSequenceLength = 65535 * 16
+		c.MaxTotalSequenceLength = (pages - 1) * 16
 		c.MaxSingleSequenceLength = 1 << 16
 		c.MaxNumSequence = 256
 		c.KeepFinished = 200
+		c.Watermark += pages - 65536
 	})
 	n := 0
 	id := func() string { n++; return fmt.Sprintf("req-%05d", n) }
@@ -36,42 +51,78 @@ var big = sync.OnceValue(func() feed.Update {
 		}
 	}
 	s.step(8) // decode: the first ones finish and recycle
+	for i := 4001; i < 4001+4*64; i += 4 {
+		// 64 more get their KV and start: they decode from here on.
+		rid := fmt.Sprintf("req-%05d", i+3)
+		s.receive(rid, 1, 1).start(rid)
+	}
 	for i := 0; i < 1200; i++ {
 		s.prep(id(), 1500, 0, 16)
 	}
 	s.step(1)
 	s.abort("req-04001")
 	return s.update()
-})
+}
 
-func bigModel(b testing.TB, w, h int) *Model {
+func bigModel(b testing.TB, w, h int) *Model { return bigModelWith(b, w, h, 65536) }
+
+func bigModelWith(b testing.TB, w, h, pages int) *Model {
 	m, _ := feedModel(b, nil, Options{Name: "bench", Control: true}, w, h)
-	m.Update(updateMsg{big()})
+	m.Update(updateMsg{bigWith(pages)})
 	return m
 }
 
 // BenchmarkFrame measures building a 200×60 frame of the requests table with the page map
-// beside it (the overview's requests zoomed), on 10,000 requests and 65,536 pages: when the
-// data changed (derive the page states and the rows again, then render), when only step
-// summaries came (the rows again), when only the cursor moved (render), and when nothing
-// changed (View); then the same for the page map alone.
+// beside it (the overview's requests zoomed), on 10,000 requests and a cache of 65,536 or
+// 1,048,576 pages (the same requests on the same pages, the larger cache's other pages free):
+// after an engine step that moved pages (64 requests decoding a token, or giving one back:
+// about four pages and 64 rows change), after one that moved nothing but the clock (a step
+// summary), when only the cursor moved (drawing only), and when nothing changed (View);
+// then the same for the page map alone.
 func BenchmarkFrame(b *testing.B) {
-	m := bigModel(b, 200, 60)
-	m.Update(keyMsg("z"))
-	if n := len(m.live.view.Requests()); n < 10000 {
-		b.Fatalf("%d requests, want 10,000", n)
+	// The two instances differ in their free pages only.
+	var derived []engine.Derived
+	for _, pages := range []int{65536, 1 << 20} {
+		u := bigWith(pages)
+		v, err := engine.NewView(*u.Snapshot)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, ev := range u.Events {
+			if err := v.Apply(ev); err != nil {
+				b.Fatal(err)
+			}
+		}
+		d := v.Derived()
+		d.FreePages, d.Pages[engine.PageFree] = 0, 0
+		derived = append(derived, d)
 	}
-	if n := m.live.view.Cache().NumPages(); n != 65536 {
-		b.Fatalf("%d pages", n)
+	if derived[0] != derived[1] {
+		b.Fatalf("the instances differ: %+v and %+v", derived[0], derived[1])
 	}
-	frames(b, m, "", "j", "k", true)
-	m.Update(keyMsg("2"))
-	frames(b, m, "page-map-", "l", "h", false)
+	for _, pages := range []int{65536, 1 << 20} {
+		b.Run(fmt.Sprintf("pages=%d", pages), func(b *testing.B) {
+			m := bigModelWith(b, 200, 60, pages)
+			m.Update(keyMsg("z"))
+			if n := len(m.live.view.Requests()); n < 10000 {
+				b.Fatalf("%d requests, want 10,000", n)
+			}
+			if n := m.live.view.Cache().NumPages(); n != pages {
+				b.Fatalf("%d pages", n)
+			}
+			if n := len(m.live.view.Running()); n != 64 {
+				b.Fatalf("%d running, want 64", n)
+			}
+			frames(b, m, "", "j", "k", true)
+			m.Update(keyMsg("2"))
+			frames(b, m, "page-map-", "l", "h", false)
+		})
+	}
 }
 
-// frames runs the frame benchmarks on m, named after prefix: a step that moved pages (the
-// worst case: the page states are walked again), with all ("data-changed", "steps-only",
-// "cursor-moved" by the keys back and forth, "unchanged"), or that one and the cursor.
+// frames runs the frame benchmarks on m, named after prefix: a step that moved pages, with
+// all ("data-changed", "steps-only", "cursor-moved" by the keys back and forth,
+// "unchanged"), or that one and the cursor.
 func frames(b *testing.B, m *Model, prefix, fwd, back string, all bool) {
 	redraw := func(pages bool) func(b *testing.B) {
 		return func(b *testing.B) {
@@ -108,23 +159,37 @@ func frames(b *testing.B, m *Model, prefix, fwd, back string, all bool) {
 	}
 }
 
-// changeBig makes the big instance's data change as a step does: an event that changes
-// nothing but says it may have, so that the View derives again (the page map too when
-// pages), and a sample for the charts.
+// changeBig makes the big instance's data change as an engine step does: with pages, the
+// running requests decode a token each for 16 steps, then give one back each for 16 (a
+// sequence popped, as a reuse rolls one back), so that the cache neither fills nor empties;
+// then, or without pages, a step summary. The model sees them as the dashboard's fold does:
+// the View applies them, the page map's version moves, the charts get a sample.
 func changeBig(b *testing.B, m *Model, pages bool) {
 	v := m.live.view
 	at := v.Stamp()
 	at.Step++
 	at.At += 50
-	sc := engine.StepCompleted{Stamp: at, Counts: v.Last().Counts}
-	var ev engine.Event = sc
+	var evs []engine.Event
 	if pages {
-		ev = engine.Decoded{Stamp: at}
+		ids := v.Running()
+		if phase := at.Step % 32; phase < 16 {
+			evs = append(evs, engine.Decoded{Stamp: at, IDs: ids})
+		} else {
+			for _, id := range ids {
+				r, _ := v.Request(id)
+				evs = append(evs, engine.SeqPopped{Stamp: at, Seq: r.Seq, N: 1})
+			}
+		}
 	}
-	if err := v.Apply(ev); err != nil {
-		b.Fatal(err)
+	sc := engine.StepCompleted{Stamp: at, Action: engine.ActionDecode, Counts: v.Last().Counts}
+	evs = append(evs, sc)
+	before := v.PagesVersion()
+	for _, ev := range evs {
+		if err := v.Apply(ev); err != nil {
+			b.Fatal(err)
+		}
 	}
-	if pages {
+	if v.PagesVersion() != before {
 		m.clock++
 		m.live.pageVer, m.live.viewPages = m.clock, v.PagesVersion()
 	}

@@ -40,6 +40,15 @@
 // What the panels draw is derived from the View when a panel asks for it and the data has
 // changed since, in Update, never in View; each panel caches its text by the data's
 // version, its size and its selection, and the page map joins pre-rendered cell strings.
+// The View keeps its page map and its requests' statuses current event by event; the
+// requests table makes again only the rows of the requests that changed
+// (engine.View.RequestVersions) and the page map's cells take in only the pages that
+// changed (engine.PageMap.Changes), so a frame costs what changed, not the table's or the
+// cache's size.
+//
+// Bubble Tea's renderer runs at Options.FPS too: its ticker wakes the program at that rate
+// whatever there is to draw (Bubble Tea v2.1), the only thing besides the link's poll, once
+// a second, that does while the dashboard is idle (BenchmarkIdleCPU).
 //
 // Folding also keeps the update in a bounded feed.History (Options.History: the last
 // 10,000 steps or 64 MB), checkpointed with a snapshot of the live View when the history

@@ -29,8 +29,9 @@ func (c *countingWriter) written() int {
 }
 
 // An idle dashboard writes nothing: once the frame is drawn, with nothing arriving from the
-// source, the terminal gets no byte for two of the link's polls (the once-a-second timer is
-// the only thing that wakes the program then), overview, charts and all.
+// source, the terminal gets no byte for two of the link's polls (the once-a-second timer and
+// Bubble Tea's renderer, which finds the frame unchanged, are all that wake the program
+// then: BenchmarkIdleCPU measures what that costs), overview, charts and all.
 func TestIdleWritesNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits two seconds")

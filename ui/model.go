@@ -53,6 +53,9 @@ type (
 	}
 )
 
+// defaultFPS is Options.FPS's default.
+const defaultFPS = 25
+
 // linkPoll is how often the link's state is read.
 const linkPoll = time.Second
 
@@ -124,7 +127,7 @@ type Model struct {
 // New returns a dashboard reading from src.
 func New(src Source, opts Options) *Model {
 	if opts.FPS <= 0 {
-		opts.FPS = 25
+		opts.FPS = defaultFPS
 	}
 	if opts.EventLog <= 0 {
 		opts.EventLog = defaultLogSize

@@ -101,8 +101,8 @@ func TestFilter(t *testing.T) {
 	m, _ := feedModel(t, busy(t), Options{}, 120, 60)
 	ids := func() []string {
 		var out []string
-		for _, r := range m.requests.rows {
-			out = append(out, r.r.ID)
+		for i := range m.requests.rows {
+			out = append(out, m.requests.row(i).r.ID)
 		}
 		return out
 	}
@@ -146,7 +146,7 @@ func TestFilter(t *testing.T) {
 
 func TestSort(t *testing.T) {
 	m, _ := feedModel(t, busy(t), Options{}, 120, 60)
-	first := func() string { return m.requests.rows[0].r.ID }
+	first := func() string { return m.requests.row(0).r.ID }
 	if first() != "b-24" {
 		t.Errorf("stuck first: first row %s, want b-24", first())
 	}
@@ -158,17 +158,17 @@ func TestSort(t *testing.T) {
 	if m.requests.sort != sortPages {
 		t.Fatalf("sort = %v, want pages", m.requests.sort)
 	}
-	rows := m.requests.rows
-	for i := 1; i < len(rows); i++ {
-		if rows[i].pages > rows[i-1].pages {
-			t.Fatalf("sorted by pages: row %d holds %d > row %d's %d", i, rows[i].pages, i-1, rows[i-1].pages)
+	rp := &m.requests
+	for i := 1; i < len(rp.rows); i++ {
+		if rp.row(i).pages > rp.row(i-1).pages {
+			t.Fatalf("sorted by pages: row %d holds %d > row %d's %d", i, rp.row(i).pages, i-1, rp.row(i-1).pages)
 		}
 	}
 	press(m, "S")
-	rows = m.requests.rows
-	for i := 1; i < len(rows); i++ {
-		if rows[i].pages < rows[i-1].pages {
-			t.Fatalf("reversed: row %d holds %d < row %d's %d", i, rows[i].pages, i-1, rows[i-1].pages)
+	rp = &m.requests
+	for i := 1; i < len(rp.rows); i++ {
+		if rp.row(i).pages < rp.row(i-1).pages {
+			t.Fatalf("reversed: row %d holds %d < row %d's %d", i, rp.row(i).pages, i-1, rp.row(i-1).pages)
 		}
 	}
 	press(m, "2", "s")

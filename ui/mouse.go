@@ -123,8 +123,9 @@ func (p requestsPanel) click(_, y int) (requestsPanel, bool) {
 	if y < 2 || i >= len(p.rows) {
 		return p, false
 	}
-	again := p.chosen && p.rows[i].r.ID == p.sel
-	p.cur.pos, p.sel, p.chosen = i, p.rows[i].r.ID, true
+	again := p.chosen && p.row(i).r.ID == p.sel
+	p = p.selectRow(i)
+	p.cur.pos, p.chosen = i, true
 	return p, again
 }
 

@@ -123,7 +123,7 @@ func TestMouse(t *testing.T) {
 	// The third request row (below the title and the headings).
 	rq := boxes[panelRequests]
 	click(m, rq.x+5, rq.y+2+2)
-	want := m.requests.rows[2].r.ID
+	want := m.requests.row(2).r.ID
 	if m.active != panelRequests || m.requests.selected() != want {
 		t.Fatalf("a click on the third row: focus %s, selected %q; want requests, %q", panelNames[m.active], m.requests.selected(), want)
 	}

@@ -9,6 +9,8 @@ import (
 	tea "charm.land/bubbletea/v2"
 	"charm.land/lipgloss/v2"
 	"github.com/dustin/go-humanize"
+
+	"github.com/kvtop/kvtop/engine"
 )
 
 // pagesPanel is the page map: every page of the KV cache as a cell, several pages a cell
@@ -31,10 +33,18 @@ type pagesPanel struct {
 	parts    [numPageStates][3]cellParts
 	cellsGen int
 
-	// Derived per (world version, group size, selection).
+	// What the cells show, kept current from the page map's changes (PageMap.Changes):
+	// each cell's pages by state and the state it shows, and each page's state as counted.
+	// A new page map, or another group size, counts every page again.
+	cellCount [][numPageStates]int32
 	cellState []pageState
-	marked    []bool
-	cellKey   struct {
+	counted   []pageState
+	group     int
+	mark      engine.PageMark
+	changed   []int32 // the pages changed, reused
+	// The selected request's pages, marked per (page map version, group size, selection).
+	marked  []bool
+	markKey struct {
 		ver   uint64
 		group int
 		sel   string
@@ -167,14 +177,17 @@ func (p pagesPanel) Refresh() pagesPanel {
 	p.cursor = min(max(p.cursor, 0), max(n-1, 0))
 	l := p.layout()
 	if p.w.view != nil {
-		ck := p.cellKey
-		ck.ver, ck.group, ck.sel = p.w.pageVer, l.group, p.sel
-		if ck != p.cellKey || p.cellState == nil {
-			p.cellKey = ck
-			p.deriveCells(l)
+		p.countCells(l)
+		mk := p.markKey
+		mk.ver, mk.group, mk.sel = p.w.pageVer, l.group, p.sel
+		if mk != p.markKey || len(p.marked) != l.cells {
+			p.markKey = mk
+			p.markPages(l)
 		}
 	}
-	k := renderKey{ver: p.w.ver, width: p.width, height: p.height, pos: p.cursor, styleGen: p.styleGen, extra: p.sel}
+	// What the panel draws (the cells, the legend, the pages under the cursor and who
+	// holds them) moves with the page map's version.
+	k := renderKey{ver: p.w.pageVer, width: p.width, height: p.height, pos: p.cursor, styleGen: p.styleGen, extra: p.sel}
 	if k != p.key || p.out == "" {
 		p.key = k
 		p.out = p.render(l)
@@ -182,9 +195,50 @@ func (p pagesPanel) Refresh() pagesPanel {
 	return p
 }
 
-// groupState is the state a cell of several pages shows: the most alarming one from
-// pgAwaiting on when present, else the most common.
-func groupState(count *[numPageStates]int) pageState {
+// countCells brings the cells up to date with the page map: the pages that changed since
+// the last time are counted again in their cells, or, for a new map or group size, every
+// page.
+func (p *pagesPanel) countCells(l pageLayout) {
+	pd := p.w.pages()
+	var ok bool
+	p.changed, p.mark, ok = pd.Changes(p.mark, p.changed[:0])
+	if !ok || l.group != p.group || len(p.cellState) != l.cells || len(p.counted) != len(pd.States) {
+		p.countAll(pd, l)
+		return
+	}
+	g := int32(l.group)
+	for _, pg := range p.changed {
+		st, was := pd.States[pg], p.counted[pg]
+		if st == was {
+			continue
+		}
+		p.counted[pg] = st
+		c := pg / g
+		cnt := &p.cellCount[c]
+		cnt[was]--
+		cnt[st]++
+		p.cellState[c] = groupState(cnt)
+	}
+}
+
+// countAll counts every page in its cell.
+func (p *pagesPanel) countAll(pd *engine.PageMap, l pageLayout) {
+	p.group = l.group
+	p.counted = append(p.counted[:0], pd.States...)
+	p.cellCount = slices.Grow(p.cellCount[:0], l.cells)[:l.cells]
+	p.cellState = slices.Grow(p.cellState[:0], l.cells)[:l.cells]
+	clear(p.cellCount)
+	for pg, st := range pd.States {
+		p.cellCount[pg/l.group][st]++
+	}
+	for c := range p.cellCount {
+		p.cellState[c] = groupState(&p.cellCount[c])
+	}
+}
+
+// groupState is the state a cell shows: the most alarming one from pgAwaiting on when
+// present, else the most common (a cell of one page shows its state).
+func groupState(count *[numPageStates]int32) pageState {
 	for s := numPageStates - 1; s >= pgAwaiting; s-- {
 		if count[s] > 0 {
 			return s
@@ -199,27 +253,10 @@ func groupState(count *[numPageStates]int) pageState {
 	return best
 }
 
-func (p *pagesPanel) deriveCells(l pageLayout) {
-	pd := p.w.pages()
-	n := len(pd.States)
-	if cap(p.cellState) < l.cells {
-		p.cellState = make([]pageState, l.cells)
-		p.marked = make([]bool, l.cells)
-	}
-	p.cellState = p.cellState[:l.cells]
-	p.marked = p.marked[:l.cells]
+// markPages marks the cells of the selected request's pages.
+func (p *pagesPanel) markPages(l pageLayout) {
+	p.marked = slices.Grow(p.marked[:0], l.cells)[:l.cells]
 	clear(p.marked)
-	if l.group == 1 {
-		copy(p.cellState, pd.States)
-	} else {
-		for c := range l.cells {
-			var count [numPageStates]int
-			for pg := c * l.group; pg < min((c+1)*l.group, n); pg++ {
-				count[pd.States[pg]]++
-			}
-			p.cellState[c] = groupState(&count)
-		}
-	}
 	p.markCount = 0
 	v := p.w.view
 	if r, ok := v.Request(p.sel); ok && r.Seq >= 0 {

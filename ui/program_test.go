@@ -103,8 +103,8 @@ func TestProgram(t *testing.T) {
 	if fm.requests.filter.text != "^r-3[67]" || len(fm.requests.rows) != 2 {
 		t.Errorf("filter %q with %d rows, want ^r-3[67] with 2", fm.requests.filter.text, len(fm.requests.rows))
 	}
-	if fm.requests.sort != sortArrival || fm.requests.rows[0].r.ID != "r-36" {
-		t.Errorf("sort %s, first %s; want arrival, r-36", sortNames[fm.requests.sort], fm.requests.rows[0].r.ID)
+	if fm.requests.sort != sortArrival || fm.requests.row(0).r.ID != "r-36" {
+		t.Errorf("sort %s, first %s; want arrival, r-36", sortNames[fm.requests.sort], fm.requests.row(0).r.ID)
 	}
 	if fm.detail.id != "r-37" {
 		t.Errorf("detail of %q, want r-37 (the selection follows its request through the re-sort)", fm.detail.id)

@@ -12,6 +12,7 @@ import (
 	"github.com/dustin/go-humanize"
 
 	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/engine/prepare"
 )
 
 // sortKey orders the requests table.
@@ -29,19 +30,32 @@ const (
 
 var sortNames = [numSortKeys]string{"stuck first", "arrival", "age", "pages", "KV %", "id"}
 
-// reqRow is one request as the table sorts and draws it. Text is made only for the rows
-// drawn (and for all rows while a filter is on).
+// reqRow is one request as the table sorts, filters and draws it, made again only when the
+// request changed (its View.RequestVersions version moved). Text is made only for the rows
+// drawn (and, while a filter is on, to match the rows made again).
 type reqRow struct {
-	r      *engine.RequestView
-	order  int
-	label  string
-	rank   int // state order for sorting: stuck first
-	pages  int // -1: holds none
-	kv     int // per mille received; -1: nothing reserved
-	ageMs  int64
-	steps  uint64
-	stuck  bool
-	hazard bool
+	r     *engine.RequestView
+	ver   uint64           // the request's version the row was made at
+	cond  engine.Condition // the sort's state order: stuck first
+	pages int32            // -1: holds none
+	kv    int32            // per mille received; -1: nothing reserved
+	stuck bool
+	// hazard: a hazard was flagged; match: the filter matches; volatile: the text the
+	// filter reads changes with the clock or the head of the line, not only with the
+	// request (prepared, past the age limit in time; blocked behind the head).
+	hazard, match, volatile bool
+}
+
+func (r *reqRow) label() string { return r.cond.String() }
+
+// age returns how long a request has been in the table, in milliseconds and in steps: until
+// it ended, or until now.
+func (r *reqRow) age(now engine.Stamp) (int64, uint64) {
+	end := now
+	if r.r.State.Ended() {
+		end = r.r.Ended
+	}
+	return end.At - r.r.Arrived.At, end.Step - r.r.Arrived.Step
 }
 
 // requestsPanel is the request table: one row a request, sortable and filterable, stuck
@@ -57,18 +71,26 @@ type requestsPanel struct {
 	reverse       bool
 	filter        filterSpec
 
-	rows    []reqRow
-	spare   []reqRow // the other buffer rows are sorted into, kept for the next build
-	refs    []sortRef
-	all     int
-	rowsKey struct {
+	// all is a row for each request of the View, in table order; rows lists those the
+	// filter lets through, in the sort's order (indexes into all). stuck and hazards count
+	// the rows listed that are stuck and that have hazards.
+	all            []reqRow
+	view           *engine.View // the View all was made from
+	rows           []int32
+	spare          []int32 // the other buffer rows are sorted into
+	refs           []sortRef
+	stuck, hazards int
+	rowsKey        struct {
 		ver     uint64
 		sort    sortKey
 		reverse bool
 		filter  string
 	}
+	at  engine.Stamp // the View's stamp when the rows were last brought up to date
 	cur cursor
 	sel string // the selected request's id, kept across re-sorts
+	// selR is the selected request, to find its row by.
+	selR *engine.RequestView
 	// chosen says the user picked the selection. Until then (and again after Home) the
 	// cursor stays on the top row, so the most stuck request is the one in view.
 	chosen bool
@@ -108,23 +130,45 @@ func (p requestsPanel) visibleRows() int { return max(p.height-2, 1) }
 // Update moves the cursor.
 func (p requestsPanel) Update(msg tea.Msg) (requestsPanel, tea.Cmd) {
 	if p.cur.move(msg, p.keys, len(p.rows), p.visibleRows()) && p.cur.pos < len(p.rows) {
-		p.sel = p.rows[p.cur.pos].r.ID
+		p = p.selectRow(p.cur.pos)
 		km, _ := msg.(tea.KeyPressMsg)
 		p.chosen = !key.Matches(km, p.keys.Home)
 	}
 	return p, nil
 }
 
+// row returns the i-th row listed.
+func (p *requestsPanel) row(i int) *reqRow { return &p.all[p.rows[i]] }
+
+// selectRow selects the i-th row listed.
+func (p requestsPanel) selectRow(i int) requestsPanel {
+	r := p.row(i).r
+	p.sel, p.selR = r.ID, r
+	return p
+}
+
+// find places the cursor on the selected request's row, if it is listed.
+func (p *requestsPanel) find() {
+	for i, k := range p.rows {
+		if p.all[k].r == p.selR {
+			p.cur.pos = i
+			return
+		}
+	}
+	for i, k := range p.rows { // another View: by id
+		if r := p.all[k].r; r.ID == p.sel {
+			p.cur.pos, p.selR = i, r
+			return
+		}
+	}
+}
+
 func (p requestsPanel) selected() string { return p.sel }
 
 func (p requestsPanel) selectID(id string) requestsPanel {
-	p.sel = id
+	p.sel, p.selR = id, nil
 	p.chosen = true
-	for i := range p.rows {
-		if p.rows[i].r.ID == id {
-			p.cur.pos = i
-		}
-	}
+	p.find()
 	return p
 }
 
@@ -146,8 +190,8 @@ func (p requestsPanel) setFilter(f filterSpec) requestsPanel {
 	return p
 }
 
-// Refresh rebuilds the rows when the data, the sort or the filter changed, and renders
-// when anything drawn changed.
+// Refresh brings the rows up to date when the data, the sort or the filter changed, and
+// renders when anything drawn changed.
 func (p requestsPanel) Refresh() requestsPanel {
 	if p.w == nil {
 		return p
@@ -155,23 +199,24 @@ func (p requestsPanel) Refresh() requestsPanel {
 	rk := p.rowsKey
 	rk.ver, rk.sort, rk.reverse, rk.filter = p.w.ver, p.sort, p.reverse, p.filter.text
 	if rk != p.rowsKey || p.rows == nil {
+		reorder := rk.sort != p.rowsKey.sort || rk.reverse != p.rowsKey.reverse || p.rows == nil
+		refilter := rk.filter != p.rowsKey.filter
 		p.rowsKey = rk
-		p.buildRows()
+		if p.update(refilter) || reorder || refilter {
+			p.order()
+			// A chosen selection follows its request through re-sorts (a request gone
+			// leaves the cursor where it was); otherwise the cursor stays on the top row.
+			if p.chosen {
+				p.find()
+			}
+		}
 	}
-	// A chosen selection follows its request through re-sorts (a request gone leaves the
-	// cursor where it was); otherwise the cursor stays on the top row.
 	if !p.chosen {
 		p.cur.pos = 0
 	}
-	for i := range p.rows {
-		if p.chosen && p.rows[i].r.ID == p.sel {
-			p.cur.pos = i
-			break
-		}
-	}
 	p.cur.clamp(len(p.rows), p.visibleRows())
 	if len(p.rows) > 0 {
-		p.sel = p.rows[p.cur.pos].r.ID
+		p = p.selectRow(p.cur.pos)
 	}
 	k := renderKey{ver: p.w.ver, width: p.width, height: p.height, pos: p.cur.pos, top: p.cur.top,
 		styleGen: p.styleGen, extra: p.rowsKey.filter + "\x00" + strconv.Itoa(int(p.sort)) + strconv.FormatBool(p.reverse)}
@@ -182,36 +227,119 @@ func (p requestsPanel) Refresh() requestsPanel {
 	return p
 }
 
-func (p *requestsPanel) buildRows() {
+// update brings the rows up to date with the View: it drops those of the requests retired,
+// adds those of the requests arrived, and makes again those of the requests that changed (all
+// of them for another View); with refilter, or when the clock moved and a filter is on, it
+// matches again what the filter reads. It reports whether the order of the rows may have
+// changed.
+func (p *requestsPanel) update(refilter bool) bool {
 	v := p.w.view
-	p.rows = p.rows[:0]
-	p.all = 0
 	if v == nil {
-		return
+		p.all, p.view, p.stuck, p.hazards = p.all[:0], nil, 0, 0
+		return true
 	}
+	reqs := v.Requests()
+	vers := v.RequestVersions()
 	sts := v.Statuses()
 	now := v.Stamp()
+	moved := false
+	if v != p.view {
+		p.all, p.view, p.stuck, p.hazards = p.all[:0], v, 0, 0
+		moved = true
+	}
+	if n := len(p.all); n > len(reqs) || n > 0 && reqs[n-1] != p.all[n-1].r {
+		// Requests were retired: keep the rows of the others, in order (arrivals come after).
+		k := 0
+		for j := 0; j < len(p.all) && k < len(reqs); j++ {
+			if p.all[j].r == reqs[k] {
+				p.all[k] = p.all[j]
+				k++
+			} else {
+				p.count(&p.all[j], -1)
+			}
+		}
+		for j := k; j < len(p.all); j++ {
+			if p.all[j].r != nil {
+				p.count(&p.all[j], -1)
+			}
+		}
+		p.all = p.all[:k]
+		moved = true
+	}
+	for i := len(p.all); i < len(reqs); i++ {
+		p.all = append(p.all, reqRow{}) // made below: its version is none
+		moved = true
+	}
 	limit := v.Config().PreparedAgeLimit.Milliseconds()
-	for i, r := range v.Requests() {
-		st := sts[i]
-		row := reqRow{r: r, order: i, pages: st.Pages, kv: -1}
-		row.label, row.rank = st.Condition.String(), int(st.Condition)
-		row.stuck = st.Stuck
-		row.hazard = len(r.Hazards) > 0
-		if r.Reserved > 0 {
-			row.kv = r.Received * 1000 / r.Reserved
+	ticked := now != p.at
+	clock := p.filter.active() && ticked
+	p.at = now
+	for i := range p.all {
+		row := &p.all[i]
+		switch {
+		case row.ver != vers[i] || row.r != reqs[i]:
+			old := *row
+			p.count(row, -1)
+			p.make(row, reqs[i], &sts[i], vers[i], v, now.At, limit)
+			p.count(row, 1)
+			moved = moved || row.match != old.match || p.sortKeyChanged(&old, row)
+		case refilter || clock && row.volatile:
+			was := row.match
+			p.count(row, -1)
+			row.match = !p.filter.active() || p.filter.match(rowText(v, row, now.At, limit))
+			p.count(row, 1)
+			moved = moved || row.match != was
 		}
-		end := now
-		if r.State.Ended() {
-			end = r.Ended
+	}
+	return moved || p.sort == sortAge && ticked
+}
+
+// count adds a row (d = 1) to the counts of what is listed, or takes it out (-1).
+func (p *requestsPanel) count(row *reqRow, d int) {
+	if row.r == nil || !row.match {
+		return
+	}
+	if row.stuck {
+		p.stuck += d
+	}
+	if row.hazard {
+		p.hazards += d
+	}
+}
+
+// make makes the row of request r, whose status is st, at version ver.
+func (p *requestsPanel) make(row *reqRow, r *engine.RequestView, st *engine.RequestStatus, ver uint64, v *engine.View, now, limit int64) {
+	*row = reqRow{r: r, ver: ver, cond: st.Condition, pages: int32(st.Pages), kv: -1, stuck: st.Stuck, hazard: len(r.Hazards) > 0}
+	if r.Reserved > 0 {
+		row.kv = int32(r.Received * 1000 / r.Reserved)
+	}
+	row.volatile = st.Blocked == prepare.ReasonHeadOfLine ||
+		limit > 0 && (r.State == engine.StatePrepared || r.State == engine.StateKVComplete)
+	row.match = !p.filter.active() || p.filter.match(rowText(v, row, now, limit))
+}
+
+// sortKeyChanged says whether a row's place in the sort's order may differ from old's.
+func (p *requestsPanel) sortKeyChanged(old, row *reqRow) bool {
+	switch p.sort {
+	case sortStuck:
+		return old.cond != row.cond || old.stuck != row.stuck
+	case sortPages:
+		return old.pages != row.pages
+	case sortKV:
+		return old.kv != row.kv
+	case sortAge:
+		return old.r.State.Ended() != row.r.State.Ended()
+	}
+	return false // arrival and id: fixed
+}
+
+// order lists the rows the filter lets through, in the sort's order.
+func (p *requestsPanel) order() {
+	p.rows = p.rows[:0]
+	for i := range p.all {
+		if p.all[i].match {
+			p.rows = append(p.rows, int32(i))
 		}
-		row.ageMs = end.At - r.Arrived.At
-		row.steps = end.Step - r.Arrived.Step
-		p.all++
-		if p.filter.active() && !p.filter.match(rowText(v, &row, now.At, limit)) {
-			continue
-		}
-		p.rows = append(p.rows, row)
 	}
 	p.sortRows()
 }
@@ -226,35 +354,37 @@ type sortRef struct {
 func (p *requestsPanel) sortRows() {
 	switch {
 	case p.sort == sortArrival && !p.reverse:
-		return // built in arrival order
+		return // listed in arrival order
 	case p.sort == sortStuck && !p.reverse:
-		p.rows, p.spare = bucketSort(p.rows, p.spare[:0]), p.rows
+		p.rows, p.spare = bucketSort(p.all, p.rows, p.spare[:0]), p.rows
 		return
 	}
 	refs := slices.Grow(p.refs[:0], len(p.rows))[:len(p.rows)]
 	p.refs = refs
-	for i := range p.rows {
-		r := &p.rows[i]
+	now := p.at
+	for i, idx := range p.rows {
+		r := &p.all[idx]
 		var k int64
 		switch p.sort {
 		case sortStuck:
-			k = int64(r.rank) << 32
+			k = int64(r.cond) << 32
 			if !r.stuck {
 				k |= 1 << 50
 			}
 		case sortAge:
-			k = -r.ageMs
+			ms, _ := r.age(now)
+			k = -ms
 		case sortPages:
 			k = -int64(r.pages)
 		case sortKV:
 			k = int64(r.kv)
 		}
-		refs[i] = sortRef{key: k, idx: int32(i)}
+		refs[i] = sortRef{key: k, idx: idx}
 	}
 	by := func(a, b sortRef) int { return cmp.Or(cmp.Compare(a.key, b.key), cmp.Compare(a.idx, b.idx)) }
 	if p.sort == sortID {
 		by = func(a, b sortRef) int {
-			return cmp.Or(cmp.Compare(p.rows[a.idx].r.ID, p.rows[b.idx].r.ID), cmp.Compare(a.idx, b.idx))
+			return cmp.Or(cmp.Compare(p.all[a.idx].r.ID, p.all[b.idx].r.ID), cmp.Compare(a.idx, b.idx))
 		}
 	}
 	if p.reverse {
@@ -262,36 +392,34 @@ func (p *requestsPanel) sortRows() {
 		by = func(a, b sortRef) int { return fwd(b, a) }
 	}
 	slices.SortFunc(refs, by)
-	sorted := p.spare[:0]
-	for _, ref := range refs {
-		sorted = append(sorted, p.rows[ref.idx])
+	for i, ref := range refs {
+		p.rows[i] = ref.idx
 	}
-	p.rows, p.spare = sorted, p.rows
 }
 
-// bucketSort orders rows stuck first, then by state rank, keeping arrival order within
-// each: the default order, in linear time.
-func bucketSort(rows, dst []reqRow) []reqRow {
+// bucketSort orders the rows listed stuck first, then by state rank, keeping arrival order
+// within each: the default order, in linear time. It returns them in dst's array.
+func bucketSort(all []reqRow, rows, dst []int32) []int32 {
 	const ranks = int(engine.NumConditions)
 	var count [2 * ranks]int
 	bucket := func(r *reqRow) int {
-		b := min(r.rank, ranks-1)
+		b := min(int(r.cond), ranks-1)
 		if !r.stuck {
 			b += ranks
 		}
 		return b
 	}
-	for i := range rows {
-		count[bucket(&rows[i])]++
+	for _, idx := range rows {
+		count[bucket(&all[idx])]++
 	}
 	at := 0
 	for b := range count {
 		at, count[b] = at+count[b], at
 	}
 	out := slices.Grow(dst[:0], len(rows))[:len(rows)]
-	for i := range rows {
-		b := bucket(&rows[i])
-		out[count[b]] = rows[i]
+	for _, idx := range rows {
+		b := bucket(&all[idx])
+		out[count[b]] = idx
 		count[b]++
 	}
 	return out
@@ -344,7 +472,7 @@ func why(v *engine.View, r *engine.RequestView, now, limitMs int64) string {
 
 // rowText is what the filter matches: id, state and the why column.
 func rowText(v *engine.View, row *reqRow, now, limitMs int64) string {
-	return row.r.ID + " " + row.label + " " + why(v, row.r, now, limitMs)
+	return row.r.ID + " " + row.label() + " " + why(v, row.r, now, limitMs)
 }
 
 // column is one column of the table; those with a drop rank go, highest first, when the
@@ -401,26 +529,18 @@ func (p requestsPanel) render() string {
 	if v == nil {
 		return st.Dim.Render("waiting for the first snapshot…")
 	}
-	stuck, hz := 0, 0
+	stuck, hz := p.stuck, p.hazards
 	idW := 4
-	for i := range p.rows {
-		if p.rows[i].stuck {
-			stuck++
-		}
-		if p.rows[i].hazard {
-			hz++
-		}
-	}
 	h := p.visibleRows()
 	end := min(p.cur.top+h, len(p.rows))
-	for _, row := range p.rows[p.cur.top:end] {
-		idW = max(idW, len(row.r.ID))
+	for i := p.cur.top; i < end; i++ {
+		idW = max(idW, len(p.row(i).r.ID))
 	}
 	idW = min(idW, 16)
 
 	title := st.Heading.Render("Requests") + " " + humanize.Comma(int64(len(p.rows)))
 	if p.filter.active() {
-		title += fmt.Sprintf(" of %s · filter /%s/", humanize.Comma(int64(p.all)), p.filter.text)
+		title += fmt.Sprintf(" of %s · filter /%s/", humanize.Comma(int64(len(p.all))), p.filter.text)
 	}
 	title += " · sort " + p.sortName()
 	if stuck > 0 {
@@ -447,7 +567,7 @@ func (p requestsPanel) render() string {
 	b.WriteString(st.Heading.Render(fit(hd.String(), p.width)))
 	if len(p.rows) == 0 {
 		b.WriteByte('\n')
-		if p.all == 0 {
+		if len(p.all) == 0 {
 			b.WriteString(st.Dim.Render("no requests: no prep_recv has arrived"))
 		} else {
 			b.WriteString(st.Dim.Render("no request matches the filter"))
@@ -458,7 +578,7 @@ func (p requestsPanel) render() string {
 	limit := v.Config().PreparedAgeLimit.Milliseconds()
 	var line strings.Builder
 	for i := p.cur.top; i < end; i++ {
-		row := &p.rows[i]
+		row := p.row(i)
 		r := row.r
 		line.Reset()
 		for j, c := range cols {
@@ -479,11 +599,13 @@ func (p requestsPanel) render() string {
 			case "ID":
 				cell = r.ID
 			case "STATE":
-				cell = row.label
+				cell = row.label()
 			case "AGE":
-				cell = dur(row.ageMs)
+				ms, _ := row.age(v.Stamp())
+				cell = dur(ms)
 			case "STEPS":
-				cell = strconv.FormatUint(row.steps, 10)
+				_, steps := row.age(v.Stamp())
+				cell = strconv.FormatUint(steps, 10)
 			case "PROMPT":
 				cell = strconv.Itoa(r.PromptLength)
 			case "END":
@@ -496,12 +618,12 @@ func (p requestsPanel) render() string {
 			case "PAGES":
 				cell = "-"
 				if row.pages >= 0 {
-					cell = strconv.Itoa(row.pages)
+					cell = strconv.Itoa(int(row.pages))
 				}
 			case "KV%":
 				cell = "-"
 				if row.kv >= 0 {
-					cell = strconv.Itoa(row.kv/10) + "%"
+					cell = strconv.Itoa(int(row.kv/10)) + "%"
 				}
 			case "WHY":
 				cell = why(v, r, now, limit)

@@ -32,7 +32,8 @@ type Options struct {
 	// Mouse turns the mouse on: clicks focus panels, select rows and pages, and seek on the
 	// charts; the wheel scrolls (mouse.go).
 	Mouse bool
-	// FPS caps how often data changes are drawn (default 25).
+	// FPS caps how often data changes are drawn, and how often the terminal is written
+	// (default 25).
 	FPS int
 	// EventLog bounds the event log (default 2048 events).
 	EventLog int
@@ -56,17 +57,14 @@ type Options struct {
 // done or the program fails. It closes src when it returns.
 func Run(ctx context.Context, src Source, opts Options) error {
 	defer src.Close()
-	var popts []tea.ProgramOption
-	popts = append(popts, tea.WithContext(ctx))
 	switch {
 	case opts.NoColor:
 		opts.Profile = colorprofile.ASCII
 	case opts.Profile == colorprofile.Unknown:
 		opts.Profile = colorprofile.Detect(os.Stdout, os.Environ())
 	}
-	popts = append(popts, tea.WithColorProfile(opts.Profile))
 	m := New(src, opts)
-	_, err := tea.NewProgram(m, popts...).Run()
+	_, err := tea.NewProgram(m, programOptions(ctx, opts)...).Run()
 	if rerr := m.finishRecording(); err == nil {
 		err = rerr
 	}
@@ -74,4 +72,16 @@ func Run(ctx context.Context, src Source, opts Options) error {
 		return ctx.Err()
 	}
 	return err
+}
+
+// programOptions are the Bubble Tea program's options for the dashboard. The renderer
+// runs at the dashboard's frame rate, not at Bubble Tea's 60: its ticker wakes the program
+// at that rate for as long as it runs, with or without anything to draw (Bubble Tea v2.1;
+// BENCHMARKS.md has the cost), and data is drawn at most FPS times a second anyway.
+func programOptions(ctx context.Context, opts Options) []tea.ProgramOption {
+	fps := opts.FPS
+	if fps <= 0 {
+		fps = defaultFPS
+	}
+	return []tea.ProgramOption{tea.WithContext(ctx), tea.WithColorProfile(opts.Profile), tea.WithFPS(fps)}
 }

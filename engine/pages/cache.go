@@ -67,7 +67,9 @@ type Cache struct {
 	// freeBlocks is a stack of unused block ids, reused last-freed-first as TVM does.
 	freeBlocks []int32
 	seqs       map[int64]*sequence
-	totalLen   int
+	// list holds the sequences densely, in no order, for walks over all of them.
+	list     []*sequence
+	totalLen int
 }
 
 // block is a run of KV shared by every sequence whose chain passes through it. Its pages
@@ -86,6 +88,8 @@ type block struct {
 type sequence struct {
 	last   int32 // the sequence's last block
 	length int
+	id     int64
+	at     int // its index in list
 }
 
 // New returns an empty cache whose free list hands out pages 0, 1, 2, ….
@@ -157,9 +161,25 @@ func (c *Cache) AddSequence(id int64) error {
 	if _, ok := c.seqs[id]; ok {
 		return fmt.Errorf("pages: add sequence %d: %w", id, ErrSequenceExists)
 	}
-	c.seqs[id] = &sequence{last: c.newBlock(noBlock, 0)}
+	c.put(id, &sequence{last: c.newBlock(noBlock, 0)})
 	c.check()
 	return nil
+}
+
+// put records a new sequence.
+func (c *Cache) put(id int64, s *sequence) {
+	s.id, s.at = id, len(c.list)
+	c.seqs[id] = s
+	c.list = append(c.list, s)
+}
+
+// drop forgets a sequence.
+func (c *Cache) drop(s *sequence) {
+	last := c.list[len(c.list)-1]
+	c.list[s.at], last.at = last, s.at
+	c.list[len(c.list)-1] = nil
+	c.list = c.list[:len(c.list)-1]
+	delete(c.seqs, s.id)
 }
 
 // RemoveSequence removes a sequence. Walking from its last block up, every block that only
@@ -173,7 +193,7 @@ func (c *Cache) RemoveSequence(id int64) error {
 	}
 	c.releaseChain(s.last)
 	c.totalLen -= s.length
-	delete(c.seqs, id)
+	c.drop(s)
 	c.check()
 	return nil
 }
@@ -212,7 +232,7 @@ func (c *Cache) ForkSequence(parent, child int64, pos int) error {
 	if pos%c.pageSize != 0 && len(c.free) == 0 {
 		return fmt.Errorf("pages: fork %d from %d at %d: copying the shared page: %w", child, parent, pos, ErrOutOfPages)
 	}
-	c.seqs[child] = c.fork(p, pos)
+	c.put(child, c.fork(p, pos))
 	c.totalLen += pos
 	c.check()
 	return nil
@@ -350,7 +370,7 @@ func (c *Cache) PopN(id int64, n int) error {
 			forked := c.fork(s, target)
 			c.releaseChain(s.last)
 			c.totalLen -= s.length - target
-			*s = *forked
+			s.last, s.length = forked.last, forked.length
 		}
 	}
 	c.check()

@@ -472,3 +472,32 @@ func TestListJSON(t *testing.T) {
 		}
 	}
 }
+
+// BlockSequences names the sequences of a block as Blocks does, forks and all, and nothing
+// for a free or unknown block.
+func TestBlockSequences(t *testing.T) {
+	c := newCache(t, 64)
+	must(t, c.AddSequence(0))
+	reserve(t, c, 0, 40)
+	must(t, c.ForkSequence(0, 1, 20)) // mid-page: splits the parent's block
+	must(t, c.ForkSequence(1, 2, 10))
+	reserve(t, c, 2, 3)
+	checked := 0
+	for _, b := range c.Blocks() {
+		if got := c.BlockSequences(b.ID, nil); !slices.Equal(got, b.Seqs) {
+			t.Errorf("block %d: BlockSequences = %v, Blocks says %v", b.ID, got, b.Seqs)
+		}
+		if len(b.Seqs) > 1 {
+			checked++
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no shared block: the test checks nothing")
+	}
+	if got := c.BlockSequences(-1, nil); got != nil {
+		t.Errorf("BlockSequences(-1) = %v", got)
+	}
+	if got := c.BlockSequences(1000, nil); got != nil {
+		t.Errorf("BlockSequences(1000) = %v", got)
+	}
+}

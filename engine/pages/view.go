@@ -45,6 +45,25 @@ func (c *Cache) Blocks() []BlockInfo {
 	return out
 }
 
+// BlockSequences appends to dst the sequences whose chain passes through block b,
+// ascending: those that share its pages. It walks every sequence's chain, not the pages.
+func (c *Cache) BlockSequences(b int32, dst []int64) []int64 {
+	start := len(dst)
+	if b < 0 || int(b) >= len(c.blocks) || !c.blocks[b].live {
+		return dst
+	}
+	for _, s := range c.list {
+		for x := s.last; x != noBlock; x = c.blocks[x].parent {
+			if x == b {
+				dst = append(dst, s.id)
+				break
+			}
+		}
+	}
+	slices.Sort(dst[start:])
+	return dst
+}
+
 // SequenceIDs returns the ids of all sequences, ascending.
 func (c *Cache) SequenceIDs() []int64 {
 	return slices.Sorted(maps.Keys(c.seqs))
@@ -189,7 +208,7 @@ func FromState(st State, store Store) (*Cache, error) {
 		if _, dup := c.seqs[s.ID]; dup || s.Last < 0 || int(s.Last) >= st.PoolSize || s.Length < 0 {
 			return nil, fmt.Errorf("pages: sequence %d: %w", s.ID, ErrBadState)
 		}
-		c.seqs[s.ID] = &sequence{last: s.Last, length: s.Length}
+		c.put(s.ID, &sequence{last: s.Last, length: s.Length})
 		c.totalLen += s.Length
 	}
 	if err := c.Check(); err != nil {
@@ -270,6 +289,14 @@ func (c *Cache) Check() error {
 	for i := range c.blocks {
 		if b := &c.blocks[i]; b.live && b.parent != noBlock {
 			refs[b.parent]++
+		}
+	}
+	if len(c.list) != len(c.seqs) {
+		return fmt.Errorf("%d sequences listed, %d known", len(c.list), len(c.seqs))
+	}
+	for i, s := range c.list {
+		if s.at != i || c.seqs[s.id] != s {
+			return fmt.Errorf("sequence %d listed at %d, says %d", s.id, i, s.at)
 		}
 	}
 	total := 0

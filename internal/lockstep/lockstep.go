@@ -9,6 +9,8 @@ package lockstep
 
 import (
 	"fmt"
+	"path/filepath"
+	"runtime"
 	"time"
 
 	"github.com/kvtop/kvtop/engine"
@@ -18,7 +20,7 @@ import (
 // Start is the engine time the runs start at.
 var Start = time.UnixMilli(1_700_000_000_000)
 
-// Run plays scenario name (sim.Lookup) with seed for steps steps of stepTime, the engine
+// Run plays scenario name (sim.Lookup; trace replays the repository's excerpt) with seed for steps steps of stepTime, the engine
 // configured by the scenario and then by configure (when not nil), and calls f after every
 // call and every step with the events it produced. It returns the engine.
 func Run(name string, seed uint64, steps int, stepTime time.Duration, configure func(*engine.Config), f func(e *engine.Engine, evs []engine.Event)) (*engine.Engine, error) {
@@ -36,7 +38,7 @@ func Run(name string, seed uint64, steps int, stepTime time.Duration, configure 
 	if err != nil {
 		return nil, err
 	}
-	w, err := sc.New(sim.Options{Seed: seed, Speed: 1})
+	w, err := sc.New(sim.Options{Seed: seed, Speed: 1, TracePath: smallTrace()})
 	if err != nil {
 		return nil, err
 	}
@@ -52,6 +54,13 @@ func Run(name string, seed uint64, steps int, stepTime time.Duration, configure 
 		d.Observe(rd.Events, rd.Tokens, c)
 	}
 	return e, nil
+}
+
+// smallTrace is the repository's excerpt of the Mooncake trace, which the trace scenario
+// replays.
+func smallTrace() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "sim", "testdata", "small_trace.jsonl")
 }
 
 // calls makes the driver's calls on the engine and hands each call's events over.
