@@ -42,6 +42,9 @@ type pagesPanel struct {
 	group     int
 	mark      engine.PageMark
 	changed   []int32 // the pages changed, reused
+	// countedVer is the world's pageVer when the cells were brought up to date: the page
+	// map's changes move it.
+	countedVer uint64
 	// The selected request's pages, marked per (page map version, group size, selection).
 	marked  []bool
 	markKey struct {
@@ -177,7 +180,10 @@ func (p pagesPanel) Refresh() pagesPanel {
 	p.cursor = min(max(p.cursor, 0), max(n-1, 0))
 	l := p.layout()
 	if p.w.view != nil {
-		p.countCells(l)
+		if p.w.pageVer != p.countedVer || l.group != p.group || len(p.cellState) != l.cells {
+			p.countCells(l)
+			p.countedVer = p.w.pageVer
+		}
 		mk := p.markKey
 		mk.ver, mk.group, mk.sel = p.w.pageVer, l.group, p.sel
 		if mk != p.markKey || len(p.marked) != l.cells {
