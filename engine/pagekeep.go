@@ -30,12 +30,13 @@ import (
 // scratch at every step of every scenario; with -tags invariants, PageMap checks it too.
 
 // keepLimit is how many events may apply to a View before its page map is read again for
-// keeping it to pay, on a cache of n pages: keeping it costs 100–150 ns an event, building
+// keeping it to pay, on a cache of n pages: keeping it costs 150–250 ns an event, building
 // it from scratch and starting to keep it about 20–25 ns a page (BenchmarkKeptPageMap,
-// BenchmarkPageMap). A View read less often than that (a rewind's, a /metrics scrape's, one
-// folding a flood of events between frames) stops keeping it and builds it again when it is
-// next read, which costs at most about twice what the better of the two would.
-var keepLimit = func(n int) int { return max(1024, n/4) }
+// BenchmarkPageMap), so the two cost alike at about n/8 events a read. A View read less
+// often than that (a rewind's, a /metrics scrape's, one folding a flood of events between
+// frames) stops keeping it and builds it again when it is next read, which costs at most
+// about twice what the better of the two would.
+var keepLimit = func(n int) int { return max(1024, n/8) }
 
 // pageRun is a reserved run a prepared request shows on the page map: pages lo to hi, in
 // state st.
