@@ -374,21 +374,37 @@ func (e *Engine) seqPages(seq int64) int {
 // Step runs one scheduler turn: prepare-receive, then new-request prefill, then batch
 // decode; the first action that processes a request ends the step (docs/lifecycle.md).
 func (e *Engine) Step(now time.Time) Ready {
+	sc := e.runStep(now, func(sc *StepCompleted) {
+		switch {
+		case e.prepareReceive(sc):
+			sc.Action = ActionPrepareReceive
+		case e.prefill(sc):
+			sc.Action = ActionPrefill
+		case e.decode(sc):
+			sc.Action = ActionDecode
+		}
+	}, nil)
+	rd := Ready{Step: e.step, Now: e.now, Action: sc.Action, Events: e.out, Tokens: e.tokens}
+	e.out, e.tokens = nil, nil
+	return rd
+}
+
+// runStep is one step, the scheduler's (Step) or a shadow's (followStep): act does the
+// step's work, then the extensions it queued reach the prefix cache, afterExtensions (if
+// any) runs, and the step closes: timeouts, retirement, the prefix cache's changes, the
+// totals and the StepCompleted event.
+func (e *Engine) runStep(now time.Time, act func(sc *StepCompleted), afterExtensions func()) StepCompleted {
 	e.setNow(now)
 	e.step++
 	sc := StepCompleted{}
-	switch {
-	case e.prepareReceive(&sc):
-		sc.Action = ActionPrepareReceive
-	case e.prefill(&sc):
-		sc.Action = ActionPrefill
-	case e.decode(&sc):
-		sc.Action = ActionDecode
-	}
+	act(&sc)
 	for _, r := range e.extQueue {
 		e.queueExtension(r)
 	}
 	e.extQueue = e.extQueue[:0]
+	if afterExtensions != nil {
+		afterExtensions()
+	}
 	e.timeouts()
 	e.retireOld()
 	e.flushPrefix()
@@ -398,10 +414,8 @@ func (e *Engine) Step(now time.Time) Ready {
 	sc.Counts = e.counts()
 	e.last = sc
 	e.emit(sc)
-	rd := Ready{Step: e.step, Now: e.now, Action: sc.Action, Events: e.out, Tokens: e.tokens}
-	e.out, e.tokens = nil, nil
 	e.checkInvariants()
-	return rd
+	return sc
 }
 
 // prepareReceive runs the action over the waiting prepare-receive requests, one admission at

@@ -250,27 +250,9 @@ func (e *Engine) Standing() Standing {
 
 // followStep runs fn as one step of the shadow and closes it as Step does.
 func (e *Engine) followStep(now time.Time, fn func(sc *StepCompleted)) {
-	e.setNow(now)
-	e.step++
-	sc := StepCompleted{}
-	fn(&sc)
-	for _, r := range e.extQueue {
-		e.queueExtension(r)
-	}
-	e.extQueue = e.extQueue[:0]
 	// D evaluates the head of its line every step: so does the shadow, after every change,
 	// so that a waiting request shows why it waits, with today's numbers.
-	e.evaluateHead()
-	e.timeouts()
-	e.retireOld()
-	e.flushPrefix()
-	e.totals.Steps++
-	e.totals.Actions[sc.Action]++
-	sc.Stamp = e.mark()
-	sc.Counts = e.counts()
-	e.last = sc
-	e.emit(sc)
-	e.checkInvariants()
+	e.runStep(now, fn, e.evaluateHead)
 }
 
 // diverge records a divergence.
