@@ -365,6 +365,22 @@ func (e *Engine) Abort(now time.Time, id string) error {
 	return nil
 }
 
+// decodeOne decodes one token of a running request, for the batch's decode and a shadow's
+// alike: a slot in every cache, its last token into the prefix caches, the next token
+// sampled.
+func (e *Engine) decodeOne(r *request) {
+	for _, c := range e.caches {
+		if _, err := c.ReserveAppend(r.seq, 1, e.scratch[:0]); err != nil {
+			panic(fmt.Sprintf("engine: decode %s: %v", r.id, err))
+		}
+	}
+	if e.prefix.HasSequence(r.seq) {
+		e.prefix.ExtendSequence(r.seq, []int32{r.lastToken})
+	}
+	e.alt.extend(r, []int32{r.lastToken})
+	e.sample(r)
+}
+
 // seqPages is the number of pages a sequence uses.
 func (e *Engine) seqPages(seq int64) int {
 	pgs, _ := e.caches[0].SequencePages(seq, nil)
@@ -709,16 +725,7 @@ func (e *Engine) decode(sc *StepCompleted) bool {
 	ids := make([]string, len(batch))
 	for i, r := range batch {
 		ids[i] = r.id
-		for _, c := range e.caches {
-			if _, err := c.ReserveAppend(r.seq, 1, e.scratch[:0]); err != nil {
-				panic(fmt.Sprintf("engine: decode %s: %v", r.id, err))
-			}
-		}
-		if e.prefix.HasSequence(r.seq) {
-			e.prefix.ExtendSequence(r.seq, []int32{r.lastToken})
-		}
-		e.alt.extend(r, []int32{r.lastToken})
-		e.sample(r)
+		e.decodeOne(r)
 	}
 	sc.Decoded = len(batch)
 	e.emit(Decoded{Stamp: e.mark(), IDs: ids})

@@ -871,16 +871,7 @@ func (e *Engine) followToken(sc *StepCompleted, r *request, tok int32) (Divergen
 			return e.diverge(Divergence{ID: r.id, What: DivergedRoom,
 				Cause: fmt.Sprintf("D decoded a token of %s; the shadow has no free page for it and nothing to evict", r.id)}), true
 		}
-		for _, c := range e.caches {
-			if _, err := c.ReserveAppend(r.seq, 1, e.scratch[:0]); err != nil {
-				panic(fmt.Sprintf("engine: follow decode %s: %v", r.id, err))
-			}
-		}
-		if e.prefix.HasSequence(r.seq) {
-			e.prefix.ExtendSequence(r.seq, []int32{r.lastToken})
-		}
-		e.alt.extend(r, []int32{r.lastToken})
-		e.sample(r)
+		e.decodeOne(r)
 		if sc.Action != ActionPrefill {
 			sc.Action = ActionDecode
 		}
