@@ -105,6 +105,10 @@ func TestTapCommandFleet(t *testing.T) {
 	if !ok {
 		t.Fatal("the tap was not recognised at --attach")
 	}
+	// The shadow applies what the tap saw on its own goroutine: let it catch up first.
+	if err := tp.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
 	rows, err := fleet.Rows(ctx)
 	if err != nil || len(rows) != 1 || rows[0].Address != d.Addr() || rows[0].Role != "decode" || rows[0].Prepared != 1 {
 		t.Fatalf("fleet rows = %+v, %v", rows, err)
