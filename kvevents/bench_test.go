@@ -3,6 +3,7 @@ package kvevents
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/internal/stepbench"
@@ -30,5 +31,35 @@ func BenchmarkEngineSteps(b *testing.B) {
 				b.Logf("%d batches dropped", p.Stats().Dropped)
 			}
 		})
+	}
+}
+
+// BenchmarkObserve is what publishing costs the engine's goroutine itself: the time spent in
+// Publisher.Observe a step of stepbench's steady state, timed around each call (the step's
+// other work is not counted), reported as ns/observe-step. The sender's goroutine, which
+// hashes, encodes and sends, is not in it; internal/stepbench's BenchmarkEngineSteps
+// measures the whole.
+func BenchmarkObserve(b *testing.B) {
+	p, err := Start(Config{Endpoint: "tcp://127.0.0.1:0"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	var in time.Duration
+	steps := 0
+	s := stepbench.New(b, func(e *engine.Engine, evs []engine.Event) {
+		t0 := time.Now()
+		p.Observe(e, evs)
+		in += time.Since(t0)
+	})
+	in = 0
+	b.ReportAllocs()
+	for b.Loop() {
+		s.Step()
+		steps++
+	}
+	b.ReportMetric(float64(in.Nanoseconds())/float64(steps), "ns/observe-step")
+	if p.Stats().Dropped > 0 {
+		b.Logf("%d batches dropped", p.Stats().Dropped)
 	}
 }

@@ -33,14 +33,15 @@
 //
 // Observe runs on the engine's goroutine and never waits: a blocks.Reader notes which
 // sequences' blocks changed and copies out the tokens of the pages that became full, into
-// an Ops reused from one observation to the next, and offers it to the sender's bounded
-// queue (Config.Queue). An observation that does not fit is dropped and counted, and the
-// next one that fits starts subscribers over. The sender hashes the pages (a
-// blocks.Tracker), encodes, numbers and sends on a goroutine of its own, and keeps the last
-// Config.Buffer batches for replay, which a third goroutine serves. Once it has emptied the
-// queue the sender lingers (Config.Linger) before it waits on it again, so a busy engine
-// wakes it at most once a linger rather than once a step: the wake-up was most of what
-// publishing cost the engine (BENCHMARKS.md). zmq4 writes to a peer with no deadline, so
+// an Ops of the engine's goroutine alone, and hands that to the sender in a box: the box
+// last queued while the sender has not taken it (up to 16 observations), a new one on the
+// sender's bounded queue otherwise (Config.Queue). An observation that does not fit is
+// dropped and counted, and the next one that fits starts subscribers over. The sender
+// hashes the pages (a blocks.Tracker), encodes, numbers and sends on a goroutine of its
+// own, and keeps the last Config.Buffer batches for replay, which a third goroutine serves.
+// Once it has emptied the queue the sender lingers (Config.Linger) before it waits on it
+// again, so that a busy engine hands over a box about once a linger rather than once a
+// call, and seldom wakes it (BENCHMARKS.md). zmq4 writes to a peer with no deadline, so
 // the sockets' TCP writes time out: a subscriber that stops reading is cut off and the
 // others go on. Decode is safe for concurrent use.
 package kvevents

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,9 +30,10 @@ type Config struct {
 	ReplayEndpoint string
 	// Buffer is how many of the last batches are kept for replay (default 10,000).
 	Buffer int
-	// Queue bounds the batches waiting for the sender (default 1,024): the engine never
-	// waits for it; a batch that does not fit is dropped and counted, and the next one that
-	// fits starts subscribers over (AllBlocksCleared, then every block held).
+	// Queue bounds the observations waiting for the sender (default 1,024): the engine
+	// never waits for it; an observation that does not fit is dropped and counted, and the
+	// next one that fits starts subscribers over (AllBlocksCleared, then every block held).
+	// Observations go over in hand-overs of up to 16 (a box), so the bound is kept to a box.
 	Queue int
 	// Linger is how long the sender waits, once it has sent everything queued, before it
 	// waits for the next observation (default 1ms; negative: not at all). Batches are sent
@@ -60,7 +62,7 @@ type Config struct {
 // Stats count what a publisher did.
 type Stats struct {
 	Batches uint64 // batches sent on the PUB socket
-	Dropped uint64 // batches dropped because the sender's queue was full
+	Dropped uint64 // observations dropped because the sender's queue was full
 	Resyncs uint64 // batches that started subscribers over after a drop
 	Replays uint64 // replay requests answered
 	Blocks  int64  // blocks held, as of the last observation the sender applied
@@ -74,13 +76,16 @@ type Publisher struct {
 	pub   zmq4.Socket
 	rtr   zmq4.Socket
 	queue chan pending
-	free  chan *blocks.Ops // Ops the sender is done with, for Observe to reuse
+	free  chan *box // boxes the sender is done with, for Observe to reuse
+	boxN  int       // the most observations a box takes
 	wg    sync.WaitGroup
 	stop  context.CancelFunc
 
 	// The engine's side (Observe).
 	rd      *blocks.Reader
 	lost    bool
+	open    *box       // the box last queued, which takes more until the sender takes it
+	local   blocks.Ops // what an observation reads, before it is handed over
 	scratch blocks.Ops // what an observation reads while the queue stays full
 
 	ringMu sync.Mutex
@@ -88,18 +93,46 @@ type Publisher struct {
 	seq    uint64 // the next batch's sequence number
 
 	batches, dropped, resyncs, replays atomic.Uint64
-	queued                             atomic.Uint64 // observations handed to the sender
+	queued                             atomic.Uint64 // hand-overs queued for the sender
 	applied                            atomic.Uint64 // of which the sender is done with
 	blocks                             atomic.Int64
 }
 
-// pending is one observation for the sender: what the Reader read (ops), which the sender's
+// pending is one hand-over to the sender: a box of what the Reader read, which the sender's
 // Tracker turns into the batch's changes; or, in tests, the changes themselves.
 type pending struct {
-	ts       float64
-	ops      *blocks.Ops
+	ts       float64 // of changes
+	box      *box
 	changes  []blocks.Change
 	pageSize int
+}
+
+// A box carries observations from the engine's goroutine to the sender's. The engine queues
+// a box with one observation's Ops and appends the next observations' to it for as long as
+// the sender has not taken it and it has room: at thousands of steps a second the engine
+// then hands over a box about once a linger, not once a call, and a call costs it a
+// compare-and-swap and a copy. Its state says who may touch ops, ts and n: the engine while
+// it is appending, the sender once it has taken it; the sender, to take it, waits out an
+// append (a copy of what one call read).
+type box struct {
+	state atomic.Int32
+	n     int     // observations in it (the engine's)
+	ts    float64 // the last observation's time
+	ops   blocks.Ops
+}
+
+// A box's states.
+const (
+	boxOpen      int32 = iota // queued; the engine may append
+	boxAppending              // the engine is appending
+	boxTaken                  // the sender's, until it hands the box back for reuse
+)
+
+// take makes b the sender's, waiting out an append in progress.
+func (b *box) take() {
+	for !b.state.CompareAndSwap(boxOpen, boxTaken) {
+		runtime.Gosched()
+	}
 }
 
 type kept struct {
@@ -126,7 +159,10 @@ func Start(cfg Config) (*Publisher, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Publisher{cfg: cfg, queue: make(chan pending, cfg.Queue), free: make(chan *blocks.Ops, cfg.Queue+1), stop: cancel}
+	// Queue observations: boxes of boxN, as many as make up Queue.
+	boxN := min(16, cfg.Queue)
+	boxes := max(1, cfg.Queue/boxN)
+	p := &Publisher{cfg: cfg, queue: make(chan pending, boxes), free: make(chan *box, boxes+2), boxN: boxN, stop: cancel}
 	p.pub = zmq4.NewPub(ctx)
 	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
 		cancel()
@@ -206,45 +242,68 @@ func (p *Publisher) Observe(e *engine.Engine, evs []engine.Event) {
 		}
 		return
 	}
-	o := p.ops()
+	// The reader writes into an Ops of the engine's goroutine alone, whose memory stays in
+	// its core's cache; what it wrote is then copied, in one piece, into an Ops for the
+	// sender. Reading straight into the sender's Ops (whose memory the sender's core read
+	// last) cost twice as much: each small write waited for the line to come back.
+	l := &p.local
+	l.Reset()
 	if first || p.lost {
-		p.rd.Sync(e.Prefix(), o) // only the subscribers are behind: start them over
+		p.rd.Sync(e.Prefix(), l) // only the subscribers are behind: start them over
 		if p.lost {
 			p.resyncs.Add(1)
 		}
 	} else {
-		p.rd.Read(e.Prefix(), evs, o)
+		p.rd.Read(e.Prefix(), evs, l)
 	}
-	if o.Len() == 0 {
-		p.reuse(o)
+	if l.Len() == 0 {
 		return
 	}
+	ts := float64(lastAt(evs)) / 1000
+	if b := p.open; b != nil && b.state.CompareAndSwap(boxOpen, boxAppending) {
+		if b.n < p.boxN {
+			b.ops.Append(l)
+			b.n++
+			b.ts = ts
+			b.state.Store(boxOpen)
+			return
+		}
+		b.state.Store(boxOpen) // full: the sender takes it as it is
+	}
+	b := p.newBox()
+	b.ops.Append(l)
+	b.n, b.ts = 1, ts
 	select {
-	case p.queue <- pending{ts: float64(lastAt(evs)) / 1000, ops: o, pageSize: p.rd.PageSize()}:
+	case p.queue <- pending{box: b, pageSize: p.rd.PageSize()}:
 		p.queued.Add(1)
+		p.open = b
 		p.lost = false
 	default:
-		p.reuse(o)
+		p.reuse(b)
 		p.dropped.Add(1)
 		p.lost = true
+		p.open = nil // what follows a drop goes after a resync, never into an older box
 	}
 }
 
-// ops returns an empty Ops, one the sender is done with if there is one.
-func (p *Publisher) ops() *blocks.Ops {
+// newBox returns an empty open box, one the sender is done with if there is one.
+func (p *Publisher) newBox() *box {
+	var b *box
 	select {
-	case o := <-p.free:
-		o.Reset()
-		return o
+	case b = <-p.free:
+		b.ops.Reset()
 	default:
-		return new(blocks.Ops)
+		b = new(box)
 	}
+	b.n = 0
+	b.state.Store(boxOpen)
+	return b
 }
 
-// reuse hands an Ops back for a later observation.
-func (p *Publisher) reuse(o *blocks.Ops) {
+// reuse hands a box back for a later observation.
+func (p *Publisher) reuse(b *box) {
 	select {
-	case p.free <- o:
+	case p.free <- b:
 	default:
 	}
 }
@@ -292,6 +351,7 @@ func (p *Publisher) send() {
 		if p.cfg.hold != nil {
 			<-p.cfg.hold // a test's stuck sender: stuck before it takes more
 		}
+		p.take(&b)
 		// What else is waiting joins this batch: one batch a drain, not one an observation,
 		// so that an engine stepping thousands of times a second costs the sender (and the
 		// two cores it shares with the engine) an encoding and a send a linger.
@@ -303,6 +363,7 @@ func (p *Publisher) send() {
 					closed, more = true, false
 					break
 				}
+				p.take(&next)
 				if !p.join(&b, next) {
 					p.sendOne(&st, b)
 					b = next
@@ -321,16 +382,25 @@ func (p *Publisher) send() {
 	}
 }
 
-// join makes one batch of two observations in turn, b's operations and then next's, at
-// next's time, and says whether it could: observations carry Ops of one page size, but a
-// batch made of changes (the tests') goes alone. Both were counted as queued; the one
-// absorbed is counted as applied here.
+// take takes a hand-over's box from the engine, which appends to it no more, and gives the
+// hand-over the box's time.
+func (p *Publisher) take(b *pending) {
+	if b.box != nil {
+		b.box.take()
+		b.ts = b.box.ts
+	}
+}
+
+// join makes one batch of two hand-overs in turn, b's operations and then next's, at next's
+// time, and says whether it could: boxes carry Ops of one page size, but a batch made of
+// changes (the tests') goes alone. Both were counted as queued; the one absorbed is counted
+// as applied here.
 func (p *Publisher) join(b *pending, next pending) bool {
-	if b.ops == nil || next.ops == nil || b.pageSize != next.pageSize {
+	if b.box == nil || next.box == nil || b.pageSize != next.pageSize {
 		return false
 	}
-	b.ops.Append(next.ops)
-	p.reuse(next.ops)
+	b.box.ops.Append(&next.box.ops)
+	p.reuse(next.box)
 	b.ts = next.ts
 	p.applied.Add(1)
 	return true
@@ -344,13 +414,13 @@ type senderState struct {
 
 func (p *Publisher) sendOne(st *senderState, b pending) {
 	defer p.applied.Add(1)
-	if b.ops != nil {
+	if b.box != nil {
 		if st.tr == nil || st.tr.PageSize() != b.pageSize {
 			st.tr = blocks.NewTracker(b.pageSize)
 		}
-		b.changes = st.tr.ApplyShared(b.ops) // encoded before the next
+		b.changes = st.tr.ApplyShared(&b.box.ops) // encoded before the next
 		p.blocks.Store(int64(st.tr.Len()))
-		p.reuse(b.ops)
+		p.reuse(b.box)
 		if len(b.changes) == 0 {
 			return
 		}

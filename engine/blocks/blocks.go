@@ -161,6 +161,10 @@ func (o *Ops) Tokens() int { return len(o.toks) }
 func (o *Ops) Append(other *Ops) {
 	base := len(o.toks)
 	o.toks = append(o.toks, other.toks...)
+	if base == 0 {
+		o.ops = append(o.ops, other.ops...)
+		return
+	}
 	for _, x := range other.ops {
 		if x.kind == opGrow {
 			x.tok += base
@@ -169,11 +173,13 @@ func (o *Ops) Append(other *Ops) {
 	}
 }
 
-// cursor is what a Reader knows of a sequence of the prefix cache.
+// cursor is what a Reader knows of a sequence of the prefix cache: while its committed
+// length stays in [blocks·page size, full) its blocks are as they were, and a step that
+// changes nothing else costs the Reader two comparisons and no write.
 type cursor struct {
 	held   bool
-	length int   // committed tokens, as of the last change seen
 	blocks int32 // full blocks of its chain
+	full   int32 // the length at which its next block is full: (blocks+1)·page size
 }
 
 // Reader is the engine's side of block tracking: it follows the events of every engine call
@@ -224,7 +230,13 @@ func (r *Reader) Read(c *prefix.Cache, evs []engine.Event, o *Ops) {
 				n := &e.Upserts[i]
 				for _, ref := range n.Seqs {
 					s := r.seq(ref.ID)
-					if s == nil || (s.held && s.length == n.Depth) {
+					if s == nil {
+						continue
+					}
+					if s.held && n.Depth < int(s.full) && n.Depth >= int(s.full)-r.ps {
+						// Still within the block after its full ones: no block to store,
+						// which is most sequences on most steps (a decode step adds one
+						// token).
 						continue
 					}
 					r.grow(c, ref.ID, s, n.Depth, o)
@@ -273,7 +285,7 @@ func (r *Reader) matched(e engine.PrefixMatched, o *Ops) {
 		o.ops = append(o.ops, pt)
 	}
 	s.held, s.blocks = true, pt.depth
-	s.length = int(pt.depth) * r.ps
+	s.full = (pt.depth + 1) * int32(r.ps)
 }
 
 // drop forgets a sequence that left the cache.
@@ -292,8 +304,10 @@ func (r *Reader) drop(id int64, o *Ops) {
 // filled.
 func (r *Reader) grow(c *prefix.Cache, id int64, s *cursor, l int, o *Ops) {
 	have := s.blocks
-	if !s.held || l < s.length {
-		// Not seen start, or shorter without a roll-back event: rebuild it from its tokens.
+	if !s.held || l < int(have)*r.ps {
+		// Not seen start, or shorter than its full blocks without a roll-back event (the
+		// engine rolls back only in a prepare-receive match, which matched follows):
+		// rebuild it from its tokens.
 		have = 0
 	}
 	want := int32(l / r.ps)
@@ -311,7 +325,8 @@ func (r *Reader) grow(c *prefix.Cache, id int64, s *cursor, l int, o *Ops) {
 		}
 		o.ops = append(o.ops, g)
 	}
-	s.held, s.blocks, s.length = true, want, l
+	s.held, s.blocks = true, want
+	s.full = (want + 1) * int32(r.ps)
 }
 
 // Tracker follows the block set of one prefix cache: it applies what a Reader read (Apply),
