@@ -59,7 +59,7 @@ type Config struct {
 	skip func(seq uint64) bool
 }
 
-// Stats count what a publisher did.
+// Stats count what a stream (or, summed, a publisher) did.
 type Stats struct {
 	Batches uint64 // batches sent on the PUB socket
 	Dropped uint64 // observations dropped because the sender's queue was full
@@ -68,20 +68,36 @@ type Stats struct {
 	Blocks  int64  // blocks held, as of the last observation the sender applied
 }
 
-// Publisher publishes the prefix cache's blocks as vLLM's KV events: a runner.Observer on
-// the engine's side, a goroutine that encodes and sends on the other, a bounded queue
-// between them.
+// Publisher publishes prefix caches' blocks as vLLM's KV events on one PUB socket (and
+// answers replays on one ROUTER socket): its own Stream, whose topic is Config.Topic, for the
+// engine of a decode instance (Observe), and any others made with Stream, one an engine, as
+// a tap makes one for each decode instance it follows.
 type Publisher struct {
-	cfg   Config
-	pub   zmq4.Socket
-	rtr   zmq4.Socket
+	*Stream // Config.Topic's
+	cfg     Config
+	pub     zmq4.Socket
+	rtr     zmq4.Socket
+	wg      sync.WaitGroup
+	stop    context.CancelFunc
+
+	mu      sync.Mutex
+	streams map[string]*Stream // by topic
+	closed  bool
+}
+
+// Stream is one engine's KV events, under one topic with a sequence of its own: a
+// runner.Observer on the engine's side, a goroutine that encodes and sends on the other, a
+// bounded queue between them. A Stream that observes another engine than before starts
+// its subscribers over, as after a drop (a shadow that starts over has a new engine).
+type Stream struct {
+	p     *Publisher
+	topic string
 	queue chan pending
 	free  chan *box // boxes the sender is done with, for Observe to reuse
 	boxN  int       // the most observations a box takes
-	wg    sync.WaitGroup
-	stop  context.CancelFunc
 
 	// The engine's side (Observe).
+	eng     *engine.Engine // the engine observed last
 	rd      *blocks.Reader
 	lost    bool
 	open    *box       // the box last queued, which takes more until the sender takes it
@@ -140,7 +156,8 @@ type kept struct {
 	payload []byte
 }
 
-// Start opens the sockets and starts the sender (and the replay service); Close stops them.
+// Start opens the sockets and starts the sender of Config.Topic's stream (and the replay
+// service); Close stops them.
 func Start(cfg Config) (*Publisher, error) {
 	if cfg.Buffer <= 0 {
 		cfg.Buffer = 10_000
@@ -159,10 +176,7 @@ func Start(cfg Config) (*Publisher, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	// Queue observations: boxes of boxN, as many as make up Queue.
-	boxN := min(16, cfg.Queue)
-	boxes := max(1, cfg.Queue/boxN)
-	p := &Publisher{cfg: cfg, queue: make(chan pending, boxes), free: make(chan *box, boxes+2), boxN: boxN, stop: cancel}
+	p := &Publisher{cfg: cfg, stop: cancel, streams: map[string]*Stream{}}
 	p.pub = zmq4.NewPub(ctx)
 	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
 		cancel()
@@ -195,10 +209,35 @@ func Start(cfg Config) (*Publisher, error) {
 		p.wg.Add(1)
 		go p.serveReplay(ctx)
 	}
-	p.wg.Add(1)
-	go p.send()
+	p.Stream, _ = p.NewStream(cfg.Topic)
 	return p, nil
 }
+
+// NewStream starts a stream of KV events under topic, with a sequence of its own, on the
+// publisher's sockets: for another engine than the publisher's own (a tap's shadow of one
+// decode instance). Its replays answer requests that name its topic. A topic may have
+// only one stream.
+func (p *Publisher) NewStream(topic string) (*Stream, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, errors.New("kv events: the publisher is closed")
+	}
+	if p.streams[topic] != nil {
+		return nil, fmt.Errorf("kv events: topic %q has a stream already", topic)
+	}
+	// Queue observations: boxes of boxN, as many as make up Queue.
+	boxN := min(16, p.cfg.Queue)
+	boxes := max(1, p.cfg.Queue/boxN)
+	s := &Stream{p: p, topic: topic, queue: make(chan pending, boxes), free: make(chan *box, boxes+2), boxN: boxN}
+	p.streams[topic] = s
+	p.wg.Add(1)
+	go s.send()
+	return s, nil
+}
+
+// Topic returns the stream's topic.
+func (s *Stream) Topic() string { return s.topic }
 
 // Addr is where the PUB socket listens (nil when it dials).
 func (p *Publisher) Addr() net.Addr {
@@ -216,10 +255,26 @@ func (p *Publisher) ReplayAddr() net.Addr {
 	return p.rtr.Addr()
 }
 
-// Stats returns the counters.
+// Stats returns the stream's counters.
+func (s *Stream) Stats() Stats {
+	return Stats{Batches: s.batches.Load(), Dropped: s.dropped.Load(), Resyncs: s.resyncs.Load(),
+		Replays: s.replays.Load(), Blocks: s.blocks.Load()}
+}
+
+// Stats returns the counters of all its streams, summed.
 func (p *Publisher) Stats() Stats {
-	return Stats{Batches: p.batches.Load(), Dropped: p.dropped.Load(), Resyncs: p.resyncs.Load(),
-		Replays: p.replays.Load(), Blocks: p.blocks.Load()}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var t Stats
+	for _, s := range p.streams {
+		st := s.Stats()
+		t.Batches += st.Batches
+		t.Dropped += st.Dropped
+		t.Resyncs += st.Resyncs
+		t.Replays += st.Replays
+		t.Blocks += st.Blocks
+	}
+	return t
 }
 
 // Observe follows one engine call's or step's events (a runner.Observer): on the engine's
@@ -227,10 +282,13 @@ func (p *Publisher) Stats() Stats {
 // that became full, and hands that to the sender without waiting; the sender hashes,
 // encodes and sends. The first observation publishes AllBlocksCleared and whatever the
 // cache holds already.
-func (p *Publisher) Observe(e *engine.Engine, evs []engine.Event) {
-	first := p.rd == nil
+func (s *Stream) Observe(e *engine.Engine, evs []engine.Event) {
+	p := s // the code below predates streams
+	first := p.eng != e
 	if first {
-		p.rd = blocks.NewReader(e.Config().PageSize)
+		// The first engine, or a new one: what subscribers were told is of no engine now.
+		p.eng, p.rd = e, blocks.NewReader(e.Config().PageSize)
+		p.open = nil // a box's observations are of one engine's page size
 	}
 	if p.lost && len(p.queue) == cap(p.queue) {
 		// Still no room: what this observation did is read only to count it (the reader
@@ -287,7 +345,7 @@ func (p *Publisher) Observe(e *engine.Engine, evs []engine.Event) {
 }
 
 // newBox returns an empty open box, one the sender is done with if there is one.
-func (p *Publisher) newBox() *box {
+func (p *Stream) newBox() *box {
 	var b *box
 	select {
 	case b = <-p.free:
@@ -301,7 +359,7 @@ func (p *Publisher) newBox() *box {
 }
 
 // reuse hands a box back for a later observation.
-func (p *Publisher) reuse(b *box) {
+func (p *Stream) reuse(b *box) {
 	select {
 	case p.free <- b:
 	default:
@@ -315,10 +373,15 @@ func lastAt(evs []engine.Event) int64 {
 	return evs[len(evs)-1].When().At
 }
 
-// Close stops the sender (after it has sent what is queued) and the replay service, and
+// Close stops the senders (after they have sent what is queued) and the replay service, and
 // closes the sockets. Nothing may be observed after it.
 func (p *Publisher) Close() error {
-	close(p.queue)
+	p.mu.Lock()
+	p.closed = true
+	for _, s := range p.streams {
+		close(s.queue)
+	}
+	p.mu.Unlock()
 	done := make(chan struct{})
 	go func() {
 		p.wg.Wait()
@@ -340,16 +403,16 @@ func (p *Publisher) Close() error {
 // keeps each for replay. Once it has emptied the queue it lingers (Config.Linger) before it
 // waits on it again: while it lingers the engine's hand-offs wake nobody, so the engine's
 // goroutine pays for waking the sender at most once a linger, not once a step.
-func (p *Publisher) send() {
-	defer p.wg.Done()
+func (p *Stream) send() {
+	defer p.p.wg.Done()
 	var st senderState
 	for {
 		b, ok := <-p.queue
 		if !ok {
 			return
 		}
-		if p.cfg.hold != nil {
-			<-p.cfg.hold // a test's stuck sender: stuck before it takes more
+		if p.p.cfg.hold != nil {
+			<-p.p.cfg.hold // a test's stuck sender: stuck before it takes more
 		}
 		p.take(&b)
 		// What else is waiting joins this batch: one batch a drain, not one an observation,
@@ -376,15 +439,15 @@ func (p *Publisher) send() {
 		if closed {
 			return
 		}
-		if p.cfg.Linger > 0 {
-			time.Sleep(p.cfg.Linger)
+		if p.p.cfg.Linger > 0 {
+			time.Sleep(p.p.cfg.Linger)
 		}
 	}
 }
 
 // take takes a hand-over's box from the engine, which appends to it no more, and gives the
 // hand-over the box's time.
-func (p *Publisher) take(b *pending) {
+func (p *Stream) take(b *pending) {
 	if b.box != nil {
 		b.box.take()
 		b.ts = b.box.ts
@@ -395,7 +458,7 @@ func (p *Publisher) take(b *pending) {
 // time, and says whether it could: boxes carry Ops of one page size, but a batch made of
 // changes (the tests') goes alone. Both were counted as queued; the one absorbed is counted
 // as applied here.
-func (p *Publisher) join(b *pending, next pending) bool {
+func (p *Stream) join(b *pending, next pending) bool {
 	if b.box == nil || next.box == nil || b.pageSize != next.pageSize {
 		return false
 	}
@@ -412,7 +475,8 @@ type senderState struct {
 	buf []byte // the batch being encoded
 }
 
-func (p *Publisher) sendOne(st *senderState, b pending) {
+func (s *Stream) sendOne(st *senderState, b pending) {
+	p, cfg := s, &s.p.cfg
 	defer p.applied.Add(1)
 	if b.box != nil {
 		if st.tr == nil || st.tr.PageSize() != b.pageSize {
@@ -425,23 +489,23 @@ func (p *Publisher) sendOne(st *senderState, b pending) {
 			return
 		}
 	}
-	st.buf = appendBatch(st.buf[:0], b.ts, b.changes, b.pageSize, p.cfg.DPRank, p.cfg.Encoding)
+	st.buf = appendBatch(st.buf[:0], b.ts, b.changes, b.pageSize, cfg.DPRank, cfg.Encoding)
 	payload := bytes.Clone(st.buf) // kept for replay
 	p.ringMu.Lock()
 	seq := p.seq
 	p.seq++
 	p.ring = append(p.ring, kept{seq, payload})
-	if len(p.ring) > p.cfg.Buffer {
-		p.ring = p.ring[len(p.ring)-p.cfg.Buffer:]
+	if len(p.ring) > cfg.Buffer {
+		p.ring = p.ring[len(p.ring)-cfg.Buffer:]
 	}
 	p.ringMu.Unlock()
-	if p.cfg.skip != nil && p.cfg.skip(seq) {
+	if cfg.skip != nil && cfg.skip(seq) {
 		return
 	}
 	var sb [8]byte
 	binary.BigEndian.PutUint64(sb[:], seq)
-	if err := p.pub.SendMulti(zmq4.NewMsgFrom([]byte(p.cfg.Topic), sb[:], payload)); err != nil {
-		p.logf("kv events: send batch %d: %v", seq, err)
+	if err := s.p.pub.SendMulti(zmq4.NewMsgFrom([]byte(s.topic), sb[:], payload)); err != nil {
+		s.p.logf("kv events: %q: send batch %d: %v", s.topic, seq, err)
 		return
 	}
 	p.batches.Add(1)
@@ -464,31 +528,35 @@ func (p *Publisher) serveReplay(ctx context.Context) {
 			}
 			continue
 		}
-		fr := msg.Frames
-		var id, start []byte
-		delim := false
-		switch {
-		case len(fr) == 3 && len(fr[1]) == 0 && len(fr[2]) == 8:
-			id, start, delim = fr[0], fr[2], true
-		case len(fr) == 2 && len(fr[1]) == 8:
-			id, start = fr[0], fr[1]
-		default:
-			p.logf("kv events replay: a request of %d frames, want [\"\", start seq]", len(fr))
+		id, topic, start, delim, ok := splitReplay(msg.Frames)
+		if !ok {
+			p.logf("kv events replay: a request of %d frames, want [\"\", start seq] or [\"\", topic, start seq]", len(msg.Frames))
 			continue
 		}
-		from := binary.BigEndian.Uint64(start)
-		p.ringMu.Lock()
-		var out []kept
-		for _, k := range p.ring {
-			if k.seq >= from {
-				out = append(out, k)
-			}
+		st := p.Stream
+		if topic != nil {
+			p.mu.Lock()
+			st = p.streams[string(topic)]
+			p.mu.Unlock()
 		}
-		p.ringMu.Unlock()
+		from := binary.BigEndian.Uint64(start)
+		var out []kept
+		if st != nil { // a topic with no stream has nothing kept
+			st.ringMu.Lock()
+			for _, k := range st.ring {
+				if k.seq >= from {
+					out = append(out, k)
+				}
+			}
+			st.ringMu.Unlock()
+		}
 		reply := func(frames ...[]byte) error {
 			head := [][]byte{id}
 			if delim {
 				head = append(head, nil)
+			}
+			if topic != nil {
+				head = append(head, topic)
 			}
 			return p.rtr.SendMulti(zmq4.NewMsgFrom(append(head, frames...)...))
 		}
@@ -506,8 +574,31 @@ func (p *Publisher) serveReplay(ctx context.Context) {
 			p.logf("kv events replay: %v", err)
 			continue
 		}
-		p.replays.Add(1)
+		if st != nil {
+			st.replays.Add(1)
+		}
 	}
+}
+
+// splitReplay takes a replay request apart: [identity, "", start] as a REQ or DEALER socket
+// sends it (vLLM's), [identity, start], or either with a topic before start, which asks
+// for that topic's stream (kvtop's, for a publisher of several streams); the answers then
+// carry the topic too.
+func splitReplay(fr [][]byte) (id, topic, start []byte, delim, ok bool) {
+	if len(fr) < 2 || len(fr) > 4 || len(fr[len(fr)-1]) != 8 {
+		return nil, nil, nil, false, false
+	}
+	id, start, mid := fr[0], fr[len(fr)-1], fr[1:len(fr)-1]
+	if len(mid) > 0 && len(mid[0]) == 0 {
+		delim, mid = true, mid[1:]
+	}
+	switch len(mid) {
+	case 0:
+		return id, nil, start, delim, true
+	case 1:
+		return id, mid[0], start, delim, true
+	}
+	return nil, nil, nil, false, false
 }
 
 func (p *Publisher) logf(format string, args ...any) {

@@ -125,7 +125,7 @@ func (f *follower) waitFor(t *testing.T, n uint64) {
 
 // settle waits until the sender has applied every observation queued, and returns the
 // number of batches it has numbered: what a subscriber then has to have seen.
-func settle(t *testing.T, p *Publisher) uint64 {
+func settle(t *testing.T, p *Stream) uint64 {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for p.applied.Load() < p.queued.Load() {
@@ -177,7 +177,7 @@ func TestSubscriberRebuildsThePrefixCache(t *testing.T) {
 				}
 				calls++
 				p.Observe(e, evs)
-				f.waitFor(t, settle(t, p))
+				f.waitFor(t, settle(t, p.Stream))
 				if d := f.diff(blocks.Of(e.Prefix(), e.Config().PageSize)); d != "" {
 					t.Fatalf("call %d (step %d): %s", calls, e.StepNumber(), d)
 				}
@@ -213,13 +213,13 @@ func TestReplayFillsAForcedGap(t *testing.T) {
 		t.Fatal(err)
 	}
 	// One more batch, sent, so that the last gap shows.
-	for n := settle(t, p); n%3 == 1 || n%3 == 2; n = settle(t, p) {
+	for n := settle(t, p.Stream); n%3 == 1 || n%3 == 2; n = settle(t, p.Stream) {
 		p.queue <- pending{ts: 1, changes: nil, pageSize: 16}
 		p.queued.Add(1)
 	}
 	p.queue <- pending{ts: 1, changes: nil, pageSize: 16}
 	p.queued.Add(1)
-	f.waitFor(t, settle(t, p))
+	f.waitFor(t, settle(t, p.Stream))
 	if d := f.diff(blocks.Of(last.Prefix(), last.Config().PageSize)); d != "" {
 		t.Fatal(d)
 	}
@@ -259,7 +259,7 @@ func TestAStuckSenderDoesNotSlowTheEngine(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	f.waitFor(t, settle(t, p))
+	f.waitFor(t, settle(t, p.Stream))
 	if d := f.diff(blocks.Of(e.Prefix(), e.Config().PageSize)); d != "" {
 		t.Fatal(d)
 	}
@@ -296,5 +296,125 @@ func TestAStalledSubscriberDoesNotStopTheOthers(t *testing.T) {
 	}
 	p.queue <- pending{ts: 999, pageSize: 16, changes: []blocks.Change{{Kind: blocks.Cleared}}}
 	p.queued.Add(1)
-	f.waitFor(t, settle(t, p))
+	f.waitFor(t, settle(t, p.Stream))
+}
+
+// Streams share the publisher's sockets, each with its own topic and sequence (a tap's, one
+// a decode instance): a subscriber to them all follows each topic's sequence apart, fills
+// each topic's gaps by a replay that names the topic, and rebuilds each engine's blocks.
+func TestStreamsShareTheSocketsAndKeepTheirOwnSequences(t *testing.T) {
+	p, err := Start(Config{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0",
+		skip: func(seq uint64) bool { return seq%4 == 2 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	topics := []string{"kv@127.0.0.1:8001", "kv@127.0.0.1:8002"}
+	streams := map[string]*Stream{}
+	follow := map[string]*follower{}
+	for _, tp := range topics {
+		if streams[tp], err = p.NewStream(tp); err != nil {
+			t.Fatal(err)
+		}
+		follow[tp] = newFollower()
+	}
+	if _, err := p.NewStream(topics[0]); err == nil {
+		t.Errorf("a second stream of topic %q: no error", topics[0])
+	}
+	var mu sync.Mutex
+	other := 0
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Subscribe(ctx, SubscriberConfig{Endpoint: "tcp://" + p.Addr().String(), ReplayEndpoint: "tcp://" + p.ReplayAddr().String(),
+			Topic: "kv@", ReplayByTopic: true, FromStart: true}, func(m Message) error {
+			mu.Lock()
+			f := follow[m.Topic]
+			if f == nil {
+				other++
+			}
+			mu.Unlock()
+			if f == nil {
+				return nil
+			}
+			return f.apply(m)
+		})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Subscribe = %v", err)
+		}
+		p.Close()
+	}()
+	time.Sleep(200 * time.Millisecond) // let it subscribe
+	// Two engines at once, one a stream, as a tap's shadows run: their batches interleave on
+	// the socket.
+	engines := make([]*engine.Engine, len(topics))
+	var wg sync.WaitGroup
+	errs := make([]error, len(topics))
+	for i, scenario := range []string{"chat", "recycle-stall"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			engines[i], errs[i] = lockstep.Run(scenario, uint64(i+1), 300, 50*time.Millisecond, nil, streams[topics[i]].Observe)
+		}()
+	}
+	wg.Wait()
+	for i, tp := range topics {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		s := streams[tp]
+		// Empty batches, up to one the PUB socket sends past a skipped one, so that the
+		// stream has a gap and the subscriber sees it.
+		n := settle(t, s)
+		for n < 4 || (n-1)%4 == 2 {
+			s.queue <- pending{ts: 1, pageSize: 16}
+			s.queued.Add(1)
+			n = settle(t, s)
+		}
+		follow[tp].waitFor(t, n)
+		if d := follow[tp].diff(blocks.Of(engines[i].Prefix(), engines[i].Config().PageSize)); d != "" {
+			t.Errorf("%s: %s", tp, d)
+		}
+		if st := s.Stats(); st.Batches < 2 || st.Replays == 0 {
+			t.Errorf("%s: Stats() = %+v, want batches sent and replays answered", tp, st)
+		}
+		follow[tp].mu.Lock()
+		if f := follow[tp]; f.replayed == 0 || f.missing > 0 {
+			t.Errorf("%s: %d batches replayed, %d missing: want the skipped ones replayed", tp, f.replayed, f.missing)
+		}
+		follow[tp].mu.Unlock()
+	}
+	if total := p.Stats(); total.Batches != streams[topics[0]].Stats().Batches+streams[topics[1]].Stats().Batches {
+		t.Errorf("the publisher's Stats() = %+v, want its streams' summed", total)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if other > 0 {
+		t.Errorf("%d batches of other topics", other)
+	}
+}
+
+// A stream that observes another engine than before (a tap's shadow that started over)
+// starts its subscribers over: they end with the new engine's blocks, none of the old's.
+func TestANewEngineStartsSubscribersOver(t *testing.T) {
+	p, f := start(t, Config{})
+	var last *engine.Engine
+	// The second engine has fewer sequences than the first: what the first held is not all
+	// undone by the second's reusing its sequence ids.
+	for i, run := range []struct {
+		scenario string
+		steps    int
+	}{{"recycle-stall", 300}, {"chat", 30}} {
+		e, err := lockstep.Run(run.scenario, uint64(i+1), run.steps, 50*time.Millisecond, nil, p.Observe)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = e
+	}
+	f.waitFor(t, settle(t, p.Stream))
+	if d := f.diff(blocks.Of(last.Prefix(), last.Config().PageSize)); d != "" {
+		t.Fatal(d)
+	}
 }

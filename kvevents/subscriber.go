@@ -17,10 +17,15 @@ type SubscriberConfig struct {
 	// ReplayEndpoint, when set, is its replay socket: gaps in the sequence are filled from
 	// it.
 	ReplayEndpoint string
-	// Topic is the topic subscribed to (default all).
+	// Topic is the topic subscribed to, a prefix (default all). Each topic's sequence is
+	// followed on its own: a publisher of several streams (kvtop tap's, one a decode
+	// instance) numbers each apart.
 	Topic string
+	// ReplayByTopic names the gap's topic in a replay request ([topic, start seq]), as a
+	// publisher of several streams needs; vLLM's replay socket takes [start seq] alone.
+	ReplayByTopic bool
 	// FromStart asks the replay socket, once connected, for every batch it keeps from
-	// sequence 0.
+	// sequence 0; with ReplayByTopic, for each topic's when the topic first shows.
 	FromStart bool
 	// ReplayTimeout bounds the wait for a replay's answer (default 5s).
 	ReplayTimeout time.Duration
@@ -59,7 +64,7 @@ func Subscribe(ctx context.Context, cfg SubscriberConfig, f func(Message) error)
 	if err := sub.Dial(ep); err != nil {
 		return fmt.Errorf("kv events: %s: %w", cfg.Endpoint, err)
 	}
-	s := &subscriber{ctx: ctx, cfg: cfg, f: f}
+	s := &subscriber{ctx: ctx, cfg: cfg, f: f, seqs: map[string]*sequence{}}
 	if cfg.ReplayEndpoint != "" {
 		rep, err := endpoint(cfg.ReplayEndpoint)
 		if err != nil {
@@ -70,9 +75,9 @@ func Subscribe(ctx context.Context, cfg SubscriberConfig, f func(Message) error)
 		if err := s.dealer.Dial(rep); err != nil {
 			return fmt.Errorf("kv events replay: %s: %w", cfg.ReplayEndpoint, err)
 		}
-		if cfg.FromStart {
-			s.known = true
-			if err := s.fill(0, ^uint64(0)); err != nil {
+		if cfg.FromStart && !cfg.ReplayByTopic {
+			s.seq("").known = true
+			if err := s.fill("", 0, ^uint64(0)); err != nil {
 				return err
 			}
 		}
@@ -123,8 +128,22 @@ type subscriber struct {
 	cfg    SubscriberConfig
 	f      func(Message) error
 	dealer zmq4.Socket
-	next   uint64 // the next sequence number expected
-	known  bool   // next is known (a batch was seen)
+	seqs   map[string]*sequence // by topic
+}
+
+// sequence is where a topic's batches are.
+type sequence struct {
+	next  uint64 // the next sequence number expected
+	known bool   // next is known (a batch was seen)
+}
+
+func (s *subscriber) seq(topic string) *sequence {
+	q := s.seqs[topic]
+	if q == nil {
+		q = &sequence{}
+		s.seqs[topic] = q
+	}
+	return q
 }
 
 func splitLive(fr [][]byte) (topic string, seq uint64, payload []byte, ok bool) {
@@ -139,34 +158,44 @@ func splitLive(fr [][]byte) (topic string, seq uint64, payload []byte, ok bool) 
 
 func (s *subscriber) deliver(topic string, seq uint64, payload []byte, replayed bool) error {
 	b, err := Decode(payload)
-	s.next, s.known = seq+1, true
+	q := s.seq(topic)
+	q.next, q.known = seq+1, true
 	return s.f(Message{Seq: seq, Topic: topic, Batch: b, Replayed: replayed, Err: err})
 }
 
 func (s *subscriber) live(topic string, seq uint64, payload []byte) error {
+	q := s.seq(topic)
+	if !q.known && s.cfg.FromStart && s.cfg.ReplayByTopic && s.dealer != nil {
+		q.known = true // from 0: what came before this batch is filled first
+	}
 	switch {
-	case s.known && seq < s.next:
+	case q.known && seq < q.next:
 		return nil // already had it, from a replay
-	case s.known && seq > s.next:
-		if err := s.fill(s.next, seq); err != nil {
+	case q.known && seq > q.next:
+		if err := s.fill(topic, q.next, seq); err != nil {
 			return err
 		}
-		if seq < s.next {
+		if seq < q.next {
 			return nil
 		}
 	}
 	return s.deliver(topic, seq, payload, false)
 }
 
-// fill asks the replay socket for [from, to) and delivers what it keeps, in order; what it
-// does not keep is reported missing.
-func (s *subscriber) fill(from, to uint64) error {
+// fill asks the replay socket for topic's [from, to) and delivers what it keeps, in order;
+// what it does not keep is reported missing.
+func (s *subscriber) fill(topic string, from, to uint64) error {
+	q := s.seq(topic)
 	if s.dealer == nil {
-		return s.missing(from, to)
+		return s.missing(topic, from, to)
 	}
 	var start [8]byte
 	binary.BigEndian.PutUint64(start[:], from)
-	if err := s.dealer.SendMulti(zmq4.NewMsgFrom(nil, start[:])); err != nil {
+	req := [][]byte{nil, start[:]}
+	if s.cfg.ReplayByTopic {
+		req = [][]byte{nil, []byte(topic), start[:]}
+	}
+	if err := s.dealer.SendMulti(zmq4.NewMsgFrom(req...)); err != nil {
 		return fmt.Errorf("kv events replay: %w", err)
 	}
 	for {
@@ -178,9 +207,8 @@ func (s *subscriber) fill(from, to uint64) error {
 		if len(fr) > 0 && len(fr[0]) == 0 {
 			fr = fr[1:] // the delimiter
 		}
-		var topic string
 		if len(fr) == 3 {
-			topic, fr = string(fr[0]), fr[1:] // a publisher that sends the topic in replays too
+			fr = fr[1:] // a publisher that sends the topic in replays too
 		}
 		if len(fr) != 2 || len(fr[0]) != 8 {
 			return fmt.Errorf("kv events replay: %w: an answer of %d frames, want [seq, payload]", ErrMalformed, len(m.Frames))
@@ -189,11 +217,11 @@ func (s *subscriber) fill(from, to uint64) error {
 			break
 		}
 		seq := binary.BigEndian.Uint64(fr[0])
-		if seq < from || seq >= to || (s.known && seq < s.next) {
+		if seq < from || seq >= to || (q.known && seq < q.next) {
 			continue
 		}
-		if s.known && seq > s.next {
-			if err := s.missing(s.next, seq); err != nil {
+		if q.known && seq > q.next {
+			if err := s.missing(topic, q.next, seq); err != nil {
 				return err
 			}
 		}
@@ -201,18 +229,19 @@ func (s *subscriber) fill(from, to uint64) error {
 			return err
 		}
 	}
-	if to != ^uint64(0) && (!s.known || s.next < to) {
-		return s.missing(max(from, s.next), to)
+	if to != ^uint64(0) && (!q.known || q.next < to) {
+		return s.missing(topic, max(from, q.next), to)
 	}
 	return nil
 }
 
-func (s *subscriber) missing(from, to uint64) error {
-	if !s.known || to <= from || to == ^uint64(0) {
+func (s *subscriber) missing(topic string, from, to uint64) error {
+	q := s.seq(topic)
+	if !q.known || to <= from || to == ^uint64(0) {
 		return nil
 	}
-	s.next = to
-	return s.f(Message{Seq: from, Missing: to - from})
+	q.next = to
+	return s.f(Message{Seq: from, Topic: topic, Missing: to - from})
 }
 
 // recvReplay waits for the replay socket's next message, at most ReplayTimeout.
