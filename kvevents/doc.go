@@ -20,6 +20,16 @@
 // batch a Publisher sends is AllBlocksCleared (and whatever the cache holds already), so an
 // indexer forgets what an earlier run of the instance had.
 //
+// # Streams
+//
+// A Publisher's own Stream publishes under Config.Topic. NewStream starts another under a
+// topic of its own, with its own sequence, queue, sender and replay ring, on the same
+// sockets: a tap publishes each decode instance it follows so, a topic an instance, as
+// llm-d's indexer reads a fleet (kv@POD@MODEL). A replay request may name the topic before
+// its start seq, ["", topic, start], and is then answered from that stream, the answers
+// carrying the topic; vLLM's ["", start] is answered from the publisher's own. A subscriber
+// follows each topic's sequence apart (SubscriberConfig.ReplayByTopic names it in replays).
+//
 // # Usage
 //
 //	p, err := kvevents.Start(kvevents.Config{Endpoint: "tcp://127.0.0.1:5557",

@@ -30,6 +30,7 @@ var testStepsPerSec float64
 // loopback.
 type decodeServer struct {
 	srv    *httptest.Server
+	r      *runner.Runner
 	ws     *wire.Server
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -61,7 +62,7 @@ func startDecodeOn(t testing.TB, cfg engine.Config, ln net.Listener) *decodeServ
 		srv.Listener = ln
 	}
 	srv.Start()
-	d := &decodeServer{srv: srv, ws: ws, cancel: cancel, done: done}
+	d := &decodeServer{srv: srv, r: r, ws: ws, cancel: cancel, done: done}
 	t.Cleanup(d.stop)
 	return d
 }

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/runner"
 	"github.com/kvtop/kvtop/wire"
@@ -88,7 +90,12 @@ func (s *shadow) start() error {
 		return fmt.Errorf("tap: %s: %w", s.addr, err)
 	}
 	e.Follow()
-	r := runner.New(e, runner.Config{Clock: s.t.cfg.Clock, Manual: true})
+	var observers []runner.Observer
+	var collectors []prometheus.Collector
+	if s.t.cfg.Observe != nil {
+		observers, collectors = s.t.cfg.Observe(s.addr)
+	}
+	r := runner.New(e, runner.Config{Clock: s.t.cfg.Clock, Manual: true, Observers: observers})
 	ctx, cancel := context.WithCancel(s.t.ctx)
 	done := make(chan struct{})
 	go func() {
@@ -97,6 +104,14 @@ func (s *shadow) start() error {
 	}()
 	srv := wire.NewServer(r, wire.Options{Token: s.t.cfg.Token, Hosts: s.t.cfg.Hosts, Version: s.t.cfg.Version + " tap of " + s.addr,
 		Limits: s.t.cfg.Limits, Clock: s.t.cfg.Clock, Logf: s.t.cfg.Logf, NoTrace: true})
+	for _, c := range collectors {
+		if err := srv.Registry().Register(c); err != nil {
+			srv.Close()
+			cancel()
+			<-done
+			return fmt.Errorf("tap: %s: metrics: %w", s.addr, err)
+		}
+	}
 	s.mu.Lock()
 	old, oldSrv, oldDone := s.stop, s.srv, s.done
 	s.r, s.srv, s.stop, s.done = r, srv, cancel, done

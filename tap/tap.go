@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/engine/runner"
 	"github.com/kvtop/kvtop/wire"
@@ -49,6 +51,11 @@ type Config struct {
 	Limits wire.Limits
 	// Logf logs what a caller cannot see.
 	Logf func(format string, args ...any)
+	// Observe, when set, returns what else observes the shadow of the decode instance at
+	// addr (host:port), such as its KV events, and the metrics that go with them: called
+	// each time the shadow starts, or starts over with a fresh engine; the collectors join
+	// the shadow's metrics, with its decode_instance label.
+	Observe func(addr string) ([]runner.Observer, []prometheus.Collector)
 }
 
 // Roles of an instance, as the traffic shows them.

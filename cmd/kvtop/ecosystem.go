@@ -45,17 +45,39 @@ var ecoBounds = map[string]bound{
 	"otlp-sample":      floats(0, 1, false),
 }
 
+// ecoKind says which command the ecosystem flags are for.
+type ecoKind int
+
+const (
+	ecoServe ecoKind = iota // one decode instance: KV events and request traces
+	ecoTap                  // a tap's decode instances: KV events, a topic each
+)
+
+// tapTopic is the default topic of a tap's KV events: {instance} is the decode instance's
+// host:port, as llm-d's topics (kv@POD@MODEL) name a pod.
+const tapTopic = "kv@{instance}"
+
 // ecoFlags registers the ecosystem flags on fs and returns the function that checks them.
-func ecoFlags(fs *flag.FlagSet) func() (ecoOptions, error) {
-	kv := fs.String("kv-events", "", "publish the prefix cache's blocks as vLLM's KV events on a ZMQ PUB socket listening at tcp://HOST:PORT (what Dynamo's and llm-d's indexers read); off by default")
+func ecoFlags(fs *flag.FlagSet, kind ecoKind) func() (ecoOptions, error) {
+	kvWhat := "publish the prefix cache's blocks as vLLM's KV events on a ZMQ PUB socket listening at tcp://HOST:PORT (what Dynamo's and llm-d's indexers read); off by default"
+	topicDefault, topicWhat := "", "with --kv-events: the topic of every message"
+	if kind == ecoTap {
+		kvWhat = "publish each decode instance's prefix-cache blocks, as its shadow holds them, as vLLM's KV events on a ZMQ PUB socket at tcp://HOST:PORT, a topic and a sequence an instance (what llm-d's indexer reads); off by default"
+		topicDefault, topicWhat = tapTopic, "with --kv-events: the topic of an instance's messages; {instance} is its HOST:PORT (llm-d reads kv@POD@MODEL: e.g. 'kv@{instance}@Llama-3-8B')"
+	}
+	kv := fs.String("kv-events", "", kvWhat)
 	replay := fs.String("kv-events-replay", "", "with --kv-events: a ZMQ ROUTER socket at tcp://HOST:PORT that replays kept batches from a sequence number")
 	buffer := fs.Int("kv-events-buffer", 10_000, "with --kv-events: the last batches kept for replay")
 	enc := fs.String("kv-events-encoding", "map", "with --kv-events: events as tagged maps (map, vLLM's current encoding) or tagged arrays (array, the older one)")
-	topic := fs.String("kv-events-topic", "", "with --kv-events: the topic of every message")
+	topic := fs.String("kv-events-topic", topicDefault, topicWhat)
 	dial := fs.Bool("kv-events-dial", false, "with --kv-events: connect the PUB socket to a subscriber that listens (llm-d's indexer) instead of listening")
 	remote := fs.Bool("kv-events-remote", false, "with --kv-events: allow a non-loopback address; the events carry prompt token ids and ZMQ has no authentication here")
-	otlp := fs.String("otlp-endpoint", "", "export a trace of every request's lifecycle over OTLP/HTTP to this URL, http(s)://HOST:PORT[/PATH] (/v1/traces if no path: a Collector, Jaeger or Tempo); off by default")
-	sample := fs.Float64("otlp-sample", 1, "with --otlp-endpoint: the fraction of requests traced among those without a traceparent (a traceparent's sampled flag decides for the others)")
+	otlp, sample := new(string), new(float64)
+	*sample = 1
+	if kind == ecoServe {
+		fs.StringVar(otlp, "otlp-endpoint", "", "export a trace of every request's lifecycle over OTLP/HTTP to this URL, http(s)://HOST:PORT[/PATH] (/v1/traces if no path: a Collector, Jaeger or Tempo); off by default")
+		fs.Float64Var(sample, "otlp-sample", 1, "with --otlp-endpoint: the fraction of requests traced among those without a traceparent (a traceparent's sampled flag decides for the others)")
+	}
 	return func() (ecoOptions, error) {
 		o := ecoOptions{kvEvents: *kv, kvReplay: *replay, kvBuffer: *buffer, kvTopic: *topic, kvDial: *dial, kvRemote: *remote,
 			otlp: *otlp, otlpSample: *sample}
@@ -67,6 +89,9 @@ func ecoFlags(fs *flag.FlagSet) func() (ecoOptions, error) {
 		}
 		if o.kvEncoding, err = kvevents.ParseEncoding(*enc); err != nil {
 			return o, fmt.Errorf("--kv-events-encoding: %w", err)
+		}
+		if kind == ecoTap && !strings.Contains(o.kvTopic, "{instance}") {
+			return o, fmt.Errorf("--kv-events-topic %q: want {instance} in it: each decode instance's events need a topic of their own", o.kvTopic)
 		}
 		if o.kvEvents != "" {
 			for _, ep := range []struct{ flag, ep string }{{"kv-events", o.kvEvents}, {"kv-events-replay", o.kvReplay}} {
@@ -123,11 +148,17 @@ func (eco *ecosystem) startKVEvents(o ecoOptions, logf func(string, ...any)) err
 	eco.kv = p
 	eco.observers = append(eco.observers, p)
 	eco.closers = append(eco.closers, p.Close)
-	stat := func(f func(kvevents.Stats) float64) func() float64 { return func() float64 { return f(p.Stats()) } }
-	eco.collectors = append(eco.collectors,
+	eco.collectors = append(eco.collectors, kvCollectors(p.Stats)...)
+	return nil
+}
+
+// kvCollectors are the metrics of a KV-event publisher, or of one of its streams.
+func kvCollectors(stats func() kvevents.Stats) []prometheus.Collector {
+	stat := func(f func(kvevents.Stats) float64) func() float64 { return func() float64 { return f(stats()) } }
+	return []prometheus.Collector{
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_kv_events_batches_total", Help: "KV event batches sent on the PUB socket."},
 			stat(func(s kvevents.Stats) float64 { return float64(s.Batches) })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_kv_events_dropped_batches_total", Help: "KV event batches dropped because the sender fell behind the engine (each loss is followed by a resync)."},
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_kv_events_dropped_batches_total", Help: "Engine calls and steps whose KV events were dropped because the sender fell behind the engine (each loss is followed by a resync)."},
 			stat(func(s kvevents.Stats) float64 { return float64(s.Dropped) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_kv_events_resyncs_total", Help: "KV event batches that started subscribers over (AllBlocksCleared, then every block) after a drop."},
 			stat(func(s kvevents.Stats) float64 { return float64(s.Resyncs) })),
@@ -135,8 +166,7 @@ func (eco *ecosystem) startKVEvents(o ecoOptions, logf func(string, ...any)) err
 			stat(func(s kvevents.Stats) float64 { return float64(s.Replays) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvtop_kv_event_blocks", Help: "Blocks (full pages of cached sequences) the KV events say the prefix cache holds."},
 			stat(func(s kvevents.Stats) float64 { return float64(s.Blocks) })),
-	)
-	return nil
+	}
 }
 
 // startTracing starts the request tracer when --otlp-endpoint is given. Export failures
@@ -229,9 +259,10 @@ const kvEventsUsage = `Usage: kvtop kv-events [flags] tcp://HOST:PORT
 
 Subscribes to a vLLM-format KV-event publisher (vLLM, SGLang, TensorRT-LLM, or
 'kvtop serve --kv-events') and prints every event as a JSON line, with the batch's
-sequence number, time and data-parallel rank. With --replay, gaps in the sequence are
-filled from the publisher's replay socket; what it no longer keeps is printed as
-{"seq": N, "missing": M}.
+topic, sequence number, time and data-parallel rank. Each topic's sequence is followed on
+its own. With --replay, gaps in a sequence are filled from the publisher's replay socket;
+what it no longer keeps is printed as {"seq": N, "missing": M}. For 'kvtop tap
+--kv-events', whose topics are its decode instances, add --replay-by-topic.
 
 Flags:
 `
@@ -253,6 +284,7 @@ func kvEventsCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	replay := fs.String("replay", "", "the publisher's replay socket, tcp://HOST:PORT")
 	topic := fs.String("topic", "", "the topic to subscribe to (default all)")
 	fromStart := fs.Bool("from-start", false, "with --replay: first print every batch the publisher still keeps")
+	byTopic := fs.Bool("replay-by-topic", false, "with --replay: name the topic in replay requests, as kvtop tap's publisher of one stream an instance needs (vLLM's takes none)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -264,8 +296,8 @@ func kvEventsCommand(ctx context.Context, args []string, stdout, stderr io.Write
 		fs.Usage()
 		return 2
 	}
-	if *fromStart && *replay == "" {
-		fmt.Fprintln(stderr, "kvtop kv-events: --from-start needs --replay")
+	if (*fromStart || *byTopic) && *replay == "" {
+		fmt.Fprintln(stderr, "kvtop kv-events: --from-start and --replay-by-topic need --replay")
 		return 2
 	}
 	for _, ep := range []string{fs.Arg(0), *replay} {
@@ -278,7 +310,7 @@ func kvEventsCommand(ctx context.Context, args []string, stdout, stderr io.Write
 		}
 	}
 	enc := json.NewEncoder(stdout)
-	err := kvevents.Subscribe(ctx, kvevents.SubscriberConfig{Endpoint: fs.Arg(0), ReplayEndpoint: *replay, Topic: *topic, FromStart: *fromStart},
+	err := kvevents.Subscribe(ctx, kvevents.SubscriberConfig{Endpoint: fs.Arg(0), ReplayEndpoint: *replay, Topic: *topic, FromStart: *fromStart, ReplayByTopic: *byTopic},
 		func(m kvevents.Message) error {
 			for _, line := range eventLines(m) {
 				if err := enc.Encode(line); err != nil {

@@ -129,7 +129,7 @@ func serveFlags(stderr io.Writer) (*flag.FlagSet, func() (serveOptions, error)) 
 	tracePath := fs.String("trace", "", "with --drive trace: the Mooncake-format JSONL file")
 	speed := fs.Float64("speed", 1, "with --drive trace: the time scale (2 replays twice as fast)")
 	buildEngine := engineFlags(fs)
-	buildEco := ecoFlags(fs)
+	buildEco := ecoFlags(fs, ecoServe)
 	return fs, func() (serveOptions, error) {
 		if err := checkBounds(fs, engineBounds, serveBounds, ecoBounds); err != nil {
 			return serveOptions{}, err

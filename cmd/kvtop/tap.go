@@ -14,10 +14,15 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvtop/kvtop/engine"
+	"github.com/kvtop/kvtop/engine/runner"
+	"github.com/kvtop/kvtop/kvevents"
 	"github.com/kvtop/kvtop/tap"
 	"github.com/kvtop/kvtop/wire"
 )
@@ -37,6 +42,9 @@ Reverse-proxy mode: --upstream http://d0:8000 (repeatable) serves one port per u
 forwards every call to it; point the router at those ports instead. LISTEN=URL names the
 port; without it the ports follow --listen's: 7072, 7073, … for --listen :7071.
 
+KV events (--kv-events tcp://HOST:PORT): each D's blocks, as its shadow holds them, in
+vLLM's KV-event format for llm-d's or Dynamo's indexer, a topic an instance.
+
 The tap's own API, on --listen: GET /healthz, /v1/instances, /v1/snapshot?instance=HOST:PORT,
 /v1/stream?instance=HOST:PORT, /metrics. Dashboards: kvtop --attach HOST:PORT (an instance
 picker). Security as kvtop serve's: loopback by default; any other address needs --token.
@@ -54,6 +62,7 @@ type tapOptions struct {
 	queue     int
 	verbose   bool
 	ui        bool
+	eco       ecoOptions // KV events
 }
 
 // upstream is one reverse-proxy port.
@@ -89,17 +98,21 @@ func parseTap(args []string, stderr io.Writer) (tapOptions, error) {
 	verbose := fs.Bool("verbose", false, "log what callers cannot see (shadows that could not apply an observation, stream clients that failed)")
 	withUI := fs.Bool("ui", false, "open the dashboard (the instance picker) in this terminal as well")
 	buildEngine := engineFlags(fs)
+	buildEco := ecoFlags(fs, ecoTap)
 	if err := fs.Parse(args); err != nil {
 		return tapOptions{}, err
 	}
 	if fs.NArg() > 0 {
 		return tapOptions{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	if err := checkBounds(fs, engineBounds, tapBounds); err != nil {
+	if err := checkBounds(fs, engineBounds, tapBounds, ecoBounds); err != nil {
 		return tapOptions{}, err
 	}
 	o := tapOptions{listen: *listen, token: *token, queue: *queue, verbose: *verbose, ui: *withUI, instances: map[string]engine.Config{}}
 	var err error
+	if o.eco, err = buildEco(); err != nil {
+		return o, err
+	}
 	if o.engine, _, err = buildEngine(engine.DefaultConfig()); err != nil {
 		return o, err
 	}
@@ -190,6 +203,17 @@ func tapCommand(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	for _, s := range servers[1:] {
 		fmt.Fprintf(stdout, "  %s forwards to %s\n", s.addr, s.upstream)
 	}
+	if p := t.kv; p != nil {
+		where := "sent to the subscriber"
+		if a := p.Addr(); a != nil {
+			where = "tcp://" + a.String()
+		}
+		fmt.Fprintf(stdout, "  kv events: %s, topic %s", where, o.eco.kvTopic)
+		if a := p.ReplayAddr(); a != nil {
+			fmt.Fprintf(stdout, " (replay tcp://%s, with the topic)", a)
+		}
+		fmt.Fprintln(stdout)
+	}
 	errc := make(chan error, len(servers))
 	for _, s := range servers {
 		go func() { errc <- s.hs.Serve(s.ln) }()
@@ -229,14 +253,59 @@ type tapServer struct {
 	hs             *http.Server
 }
 
+// tapRun is a tap and what it publishes: Close closes both.
+type tapRun struct {
+	*tap.Tap
+	kv *kvevents.Publisher // nil without --kv-events
+}
+
+// Close stops the tap, then its KV events (which its shadows observed).
+func (r *tapRun) Close() {
+	r.Tap.Close()
+	if r.kv != nil {
+		r.kv.Close()
+	}
+}
+
+// tapStreams gives each decode instance's shadow its stream of KV events, under the topic
+// --kv-events-topic makes of its address, made the first time its shadow starts and kept
+// when it starts over (the stream then starts its subscribers over).
+func tapStreams(p *kvevents.Publisher, topic string) func(addr string) ([]runner.Observer, []prometheus.Collector) {
+	var mu sync.Mutex
+	streams := map[string]*kvevents.Stream{}
+	return func(addr string) ([]runner.Observer, []prometheus.Collector) {
+		mu.Lock()
+		defer mu.Unlock()
+		s := streams[addr]
+		if s == nil {
+			var err error
+			if s, err = p.NewStream(strings.ReplaceAll(topic, "{instance}", addr)); err != nil {
+				return nil, nil // the publisher is closed: the tap is closing
+			}
+			streams[addr] = s
+		}
+		return []runner.Observer{s}, kvCollectors(s.Stats)
+	}
+}
+
 // startTap makes the tap and binds its ports; nothing is served yet.
-func startTap(o tapOptions, stderr io.Writer) (*tap.Tap, []tapServer, error) {
+func startTap(o tapOptions, stderr io.Writer) (*tapRun, []tapServer, error) {
 	cfg := tap.Config{Engine: o.engine, Instances: o.instances, Token: o.token, Version: "kvtop " + version, Queue: o.queue}
 	if host, _, err := net.SplitHostPort(o.listen); err == nil && host != "" {
 		cfg.Hosts = []string{host}
 	}
 	if o.verbose {
 		cfg.Logf = log.New(stderr, "kvtop tap: ", log.LstdFlags).Printf
+	}
+	run := &tapRun{}
+	if o.eco.kvEvents != "" {
+		p, err := kvevents.Start(kvevents.Config{Endpoint: o.eco.kvEvents, Dial: o.eco.kvDial, ReplayEndpoint: o.eco.kvReplay,
+			Buffer: o.eco.kvBuffer, Encoding: o.eco.kvEncoding, Logf: cfg.Logf})
+		if err != nil {
+			return nil, nil, err
+		}
+		run.kv = p
+		cfg.Observe = tapStreams(p, o.eco.kvTopic)
 	}
 	var servers []tapServer
 	closeAll := func() {
@@ -246,20 +315,23 @@ func startTap(o tapOptions, stderr io.Writer) (*tap.Tap, []tapServer, error) {
 	}
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
+		run.Close()
 		return nil, nil, err
 	}
 	cfg.Listen = ln.Addr().String()
 	t, err := tap.New(cfg)
 	if err != nil {
 		ln.Close()
+		run.Close()
 		return nil, nil, err
 	}
+	run.Tap = t
 	servers = append(servers, tapServer{addr: cfg.Listen, ln: ln, hs: wire.NewHTTPServer(t, wire.Limits{})})
 	for _, u := range o.upstreams {
 		ln, err := net.Listen("tcp", u.listen)
 		if err != nil {
 			closeAll()
-			t.Close()
+			run.Close()
 			return nil, nil, fmt.Errorf("--upstream %s: %w", u.url, err)
 		}
 		t.AddSelf(ln.Addr().String())
@@ -267,10 +339,10 @@ func startTap(o tapOptions, stderr io.Writer) (*tap.Tap, []tapServer, error) {
 		if err != nil {
 			ln.Close()
 			closeAll()
-			t.Close()
+			run.Close()
 			return nil, nil, err
 		}
 		servers = append(servers, tapServer{addr: ln.Addr().String(), upstream: u.url, ln: ln, hs: wire.NewHTTPServer(h, wire.Limits{})})
 	}
-	return t, servers, nil
+	return run, servers, nil
 }

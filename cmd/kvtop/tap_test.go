@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvtop/kvtop/feed"
+	"github.com/kvtop/kvtop/kvevents"
 )
 
 // Bad flags are refused with exit status 2 and a message that names the flag.
@@ -28,6 +29,10 @@ func TestTapRefusesBadFlags(t *testing.T) {
 		{[]string{"--instance-config", "d1:8000=--nope"}, "--instance-config d1:8000"},
 		{[]string{"--evict-order", "fifo"}, "--evict-order"},
 		{[]string{"--queue", "0"}, "--queue"},
+		{[]string{"--kv-events", "tcp://127.0.0.1:0", "--kv-events-topic", "kv@pod"}, "{instance}"},
+		{[]string{"--kv-events", "tcp://10.0.0.1:5557"}, "--kv-events-remote"},
+		{[]string{"--kv-events", "tcp://127.0.0.1:0", "--kv-events-encoding", "json"}, "--kv-events-encoding"},
+		{[]string{"--otlp-endpoint", "http://127.0.0.1:4318"}, "otlp-endpoint"},
 		{[]string{"extra"}, "unexpected argument"},
 	} {
 		var out, errb bytes.Buffer
@@ -129,5 +134,75 @@ func TestTapCommandFleet(t *testing.T) {
 	}
 	if u.Snapshot == nil || len(u.Snapshot.Requests) != 1 || u.Snapshot.Requests[0].ID != "r-1" || u.Snapshot.Follow == nil {
 		t.Errorf("the shadow's snapshot = %+v", u.Snapshot)
+	}
+}
+
+// kvtop tap --kv-events publishes each decode instance's blocks, as its shadow holds them,
+// under a topic of its own made from --kv-events-topic, with a sequence of its own and a
+// replay that names the topic; the tap's /metrics counts its batches by decode_instance.
+func TestTapCommandPublishesKVEventsPerInstance(t *testing.T) {
+	t.Setenv("KVTOP_TOKEN", "")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var errb syncBuffer
+	so, err := parseServe([]string{"--listen", "127.0.0.1:0", "--max-total-seq-len", "8192"}, &errb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := startServer(ctx, so, &errb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go d.Wait()
+	o, err := parseTap([]string{"--listen", "127.0.0.1:0", "--max-total-seq-len", "8192",
+		"--kv-events", "tcp://127.0.0.1:0", "--kv-events-replay", "tcp://127.0.0.1:0", "--kv-events-topic", "kv@{instance}@test-model"}, &errb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp, servers, err := startTap(o, &errb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tp.Close()
+	go servers[0].hs.Serve(servers[0].ln)
+	defer servers[0].hs.Close()
+	msgs := make(chan kvevents.Message, 64)
+	go kvevents.Subscribe(ctx, kvevents.SubscriberConfig{Endpoint: "tcp://" + tp.kv.Addr().String(), ReplayEndpoint: "tcp://" + tp.kv.ReplayAddr().String(),
+		Topic: "kv@", ReplayByTopic: true, FromStart: true}, func(m kvevents.Message) error {
+		msgs <- m
+		return nil
+	})
+	time.Sleep(200 * time.Millisecond) // let it subscribe
+	proxy, _ := url.Parse("http://" + servers[0].addr)
+	cl := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxy)}}
+	resp, err := cl.Post(d.URL()+"/microserving/prep_recv", "application/json", strings.NewReader(`{"user":"r-1","prompt":[`+strings.Repeat("5,", 39)+`5],"end":-1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err := tp.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	topic := "kv@" + d.Addr() + "@test-model"
+	select {
+	case m := <-msgs:
+		if m.Topic != topic || m.Seq != 0 || len(m.Batch.Events) == 0 {
+			t.Fatalf("the first message: %+v; want batch 0 of topic %q", m, topic)
+		}
+		if _, ok := m.Batch.Events[0].(kvevents.AllBlocksCleared); !ok {
+			t.Errorf("the first batch's events = %+v, want AllBlocksCleared first", m.Batch.Events)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no KV events from the tap")
+	}
+	mresp, err := http.Get("http://" + servers[0].addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	if want := `kvtop_kv_events_batches_total{decode_instance="` + d.Addr() + `"}`; !strings.Contains(string(body), want) {
+		t.Errorf("the tap's /metrics lacks %s", want)
 	}
 }
