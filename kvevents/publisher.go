@@ -28,8 +28,11 @@ type Config struct {
 	// ReplayEndpoint, when set, is where the ROUTER socket that answers replay requests
 	// listens, tcp://HOST:PORT.
 	ReplayEndpoint string
-	// Buffer is how many of the last batches are kept for replay (default 10,000).
-	Buffer int
+	// Buffer is how many of the last batches are kept for replay (default 10,000), and
+	// BufferBytes the most bytes they may hold (default 256 MiB): an engine stepping flat
+	// out fills batches of tens of kilobytes, which 10,000 of would make half a gigabyte.
+	Buffer      int
+	BufferBytes int
 	// Queue bounds the observations waiting for the sender (default 1,024): the engine
 	// never waits for it; an observation that does not fit is dropped and counted, and the
 	// next one that fits starts subscribers over (AllBlocksCleared, then every block held).
@@ -104,9 +107,10 @@ type Stream struct {
 	local   blocks.Ops // what an observation reads, before it is handed over
 	scratch blocks.Ops // what an observation reads while the queue stays full
 
-	ringMu sync.Mutex
-	ring   []kept // the last Buffer batches, oldest first
-	seq    uint64 // the next batch's sequence number
+	ringMu    sync.Mutex
+	ring      []kept // the last Buffer batches, oldest first
+	keptBytes int    // the bytes of their payloads
+	seq       uint64 // the next batch's sequence number
 
 	batches, dropped, resyncs, replays atomic.Uint64
 	queued                             atomic.Uint64 // hand-overs queued for the sender
@@ -161,6 +165,9 @@ type kept struct {
 func Start(cfg Config) (*Publisher, error) {
 	if cfg.Buffer <= 0 {
 		cfg.Buffer = 10_000
+	}
+	if cfg.BufferBytes <= 0 {
+		cfg.BufferBytes = 256 << 20
 	}
 	if cfg.Queue <= 0 {
 		cfg.Queue = 1024
@@ -495,8 +502,15 @@ func (s *Stream) sendOne(st *senderState, b pending) {
 	seq := p.seq
 	p.seq++
 	p.ring = append(p.ring, kept{seq, payload})
-	if len(p.ring) > cfg.Buffer {
-		p.ring = p.ring[len(p.ring)-cfg.Buffer:]
+	p.keptBytes += len(payload)
+	drop := 0
+	for len(p.ring)-drop > 1 && (len(p.ring)-drop > cfg.Buffer || p.keptBytes > cfg.BufferBytes) {
+		p.keptBytes -= len(p.ring[drop].payload)
+		drop++
+	}
+	if drop > 0 {
+		clear(p.ring[:drop]) // the backing array holds no payload it no longer keeps
+		p.ring = p.ring[drop:]
 	}
 	p.ringMu.Unlock()
 	if cfg.skip != nil && cfg.skip(seq) {

@@ -418,3 +418,42 @@ func TestANewEngineStartsSubscribersOver(t *testing.T) {
 		t.Fatal(d)
 	}
 }
+
+// The replay ring keeps the last Buffer batches, and no more than BufferBytes of them (but
+// always the newest): a flat-out engine's large batches do not make it hold gigabytes.
+func TestTheReplayRingIsBoundedByCountAndBytes(t *testing.T) {
+	toks := make([]int32, 1024)
+	for _, c := range []struct {
+		cfg      Config
+		max      int
+		maxBytes int
+	}{
+		{Config{Buffer: 5}, 5, 1 << 30},
+		{Config{BufferBytes: 10_000}, 10_000, 10_000},
+		{Config{BufferBytes: 100}, 1, 1 << 30}, // smaller than one batch: the newest is kept
+	} {
+		c.cfg.Endpoint = "tcp://127.0.0.1:0"
+		p, err := Start(c.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		s := p.Stream
+		for i := range 40 {
+			s.queue <- pending{ts: float64(i), pageSize: 1024, changes: []blocks.Change{{Kind: blocks.Stored, Hashes: []uint64{uint64(i + 1)}, Tokens: toks}}}
+			s.queued.Add(1)
+		}
+		n := settle(t, s)
+		s.ringMu.Lock()
+		size := 0
+		for _, k := range s.ring {
+			size += len(k.payload)
+		}
+		last := s.ring[len(s.ring)-1].seq
+		if len(s.ring) == 0 || len(s.ring) > c.max || size > c.maxBytes || last != n-1 || size != s.keptBytes {
+			t.Errorf("%+v: the ring keeps %d batches, %d bytes (counted %d), the last %d of %d; want at most %d and %d bytes, the newest kept",
+				c.cfg, len(s.ring), size, s.keptBytes, last, n, c.max, c.maxBytes)
+		}
+		s.ringMu.Unlock()
+	}
+}
