@@ -290,20 +290,19 @@ func (p *Publisher) Stats() Stats {
 // encodes and sends. The first observation publishes AllBlocksCleared and whatever the
 // cache holds already.
 func (s *Stream) Observe(e *engine.Engine, evs []engine.Event) {
-	p := s // the code below predates streams
-	first := p.eng != e
+	first := s.eng != e
 	if first {
 		// The first engine, or a new one: what subscribers were told is of no engine now.
-		p.eng, p.rd = e, blocks.NewReader(e.Config().PageSize)
-		p.open = nil // a box's observations are of one engine's page size
+		s.eng, s.rd = e, blocks.NewReader(e.Config().PageSize)
+		s.open = nil // a box's observations are of one engine's page size
 	}
-	if p.lost && len(p.queue) == cap(p.queue) {
+	if s.lost && len(s.queue) == cap(s.queue) {
 		// Still no room: what this observation did is read only to count it (the reader
 		// starts over once there is room).
-		p.scratch.Reset()
-		p.rd.Read(e.Prefix(), evs, &p.scratch)
-		if p.scratch.Len() > 0 {
-			p.dropped.Add(1)
+		s.scratch.Reset()
+		s.rd.Read(e.Prefix(), evs, &s.scratch)
+		if s.scratch.Len() > 0 {
+			s.dropped.Add(1)
 		}
 		return
 	}
@@ -311,22 +310,22 @@ func (s *Stream) Observe(e *engine.Engine, evs []engine.Event) {
 	// its core's cache; what it wrote is then copied, in one piece, into an Ops for the
 	// sender. Reading straight into the sender's Ops (whose memory the sender's core read
 	// last) cost twice as much: each small write waited for the line to come back.
-	l := &p.local
+	l := &s.local
 	l.Reset()
-	if first || p.lost {
-		p.rd.Sync(e.Prefix(), l) // only the subscribers are behind: start them over
-		if p.lost {
-			p.resyncs.Add(1)
+	if first || s.lost {
+		s.rd.Sync(e.Prefix(), l) // only the subscribers are behind: start them over
+		if s.lost {
+			s.resyncs.Add(1)
 		}
 	} else {
-		p.rd.Read(e.Prefix(), evs, l)
+		s.rd.Read(e.Prefix(), evs, l)
 	}
 	if l.Len() == 0 {
 		return
 	}
 	ts := float64(lastAt(evs)) / 1000
-	if b := p.open; b != nil && b.state.CompareAndSwap(boxOpen, boxAppending) {
-		if b.n < p.boxN {
+	if b := s.open; b != nil && b.state.CompareAndSwap(boxOpen, boxAppending) {
+		if b.n < s.boxN {
 			b.ops.Append(l)
 			b.n++
 			b.ts = ts
@@ -335,27 +334,27 @@ func (s *Stream) Observe(e *engine.Engine, evs []engine.Event) {
 		}
 		b.state.Store(boxOpen) // full: the sender takes it as it is
 	}
-	b := p.newBox()
+	b := s.newBox()
 	b.ops.Append(l)
 	b.n, b.ts = 1, ts
 	select {
-	case p.queue <- pending{box: b, pageSize: p.rd.PageSize()}:
-		p.queued.Add(1)
-		p.open = b
-		p.lost = false
+	case s.queue <- pending{box: b, pageSize: s.rd.PageSize()}:
+		s.queued.Add(1)
+		s.open = b
+		s.lost = false
 	default:
-		p.reuse(b)
-		p.dropped.Add(1)
-		p.lost = true
-		p.open = nil // what follows a drop goes after a resync, never into an older box
+		s.reuse(b)
+		s.dropped.Add(1)
+		s.lost = true
+		s.open = nil // what follows a drop goes after a resync, never into an older box
 	}
 }
 
 // newBox returns an empty open box, one the sender is done with if there is one.
-func (p *Stream) newBox() *box {
+func (s *Stream) newBox() *box {
 	var b *box
 	select {
-	case b = <-p.free:
+	case b = <-s.free:
 		b.ops.Reset()
 	default:
 		b = new(box)
@@ -366,9 +365,9 @@ func (p *Stream) newBox() *box {
 }
 
 // reuse hands a box back for a later observation.
-func (p *Stream) reuse(b *box) {
+func (s *Stream) reuse(b *box) {
 	select {
-	case p.free <- b:
+	case s.free <- b:
 	default:
 	}
 }
@@ -410,51 +409,51 @@ func (p *Publisher) Close() error {
 // keeps each for replay. Once it has emptied the queue it lingers (Config.Linger) before it
 // waits on it again: while it lingers the engine's hand-offs wake nobody, so the engine's
 // goroutine pays for waking the sender at most once a linger, not once a step.
-func (p *Stream) send() {
-	defer p.p.wg.Done()
+func (s *Stream) send() {
+	defer s.p.wg.Done()
 	var st senderState
 	for {
-		b, ok := <-p.queue
+		b, ok := <-s.queue
 		if !ok {
 			return
 		}
-		if p.p.cfg.hold != nil {
-			<-p.p.cfg.hold // a test's stuck sender: stuck before it takes more
+		if s.p.cfg.hold != nil {
+			<-s.p.cfg.hold // a test's stuck sender: stuck before it takes more
 		}
-		p.take(&b)
+		s.take(&b)
 		// What else is waiting joins this batch: one batch a drain, not one an observation,
 		// so that an engine stepping thousands of times a second costs the sender (and the
 		// two cores it shares with the engine) an encoding and a send a linger.
 		closed := false
 		for more := true; more; {
 			select {
-			case next, ok := <-p.queue:
+			case next, ok := <-s.queue:
 				if !ok {
 					closed, more = true, false
 					break
 				}
-				p.take(&next)
-				if !p.join(&b, next) {
-					p.sendOne(&st, b)
+				s.take(&next)
+				if !s.join(&b, next) {
+					s.sendOne(&st, b)
 					b = next
 				}
 			default:
 				more = false
 			}
 		}
-		p.sendOne(&st, b)
+		s.sendOne(&st, b)
 		if closed {
 			return
 		}
-		if p.p.cfg.Linger > 0 {
-			time.Sleep(p.p.cfg.Linger)
+		if s.p.cfg.Linger > 0 {
+			time.Sleep(s.p.cfg.Linger)
 		}
 	}
 }
 
 // take takes a hand-over's box from the engine, which appends to it no more, and gives the
 // hand-over the box's time.
-func (p *Stream) take(b *pending) {
+func (s *Stream) take(b *pending) {
 	if b.box != nil {
 		b.box.take()
 		b.ts = b.box.ts
@@ -465,14 +464,14 @@ func (p *Stream) take(b *pending) {
 // time, and says whether it could: boxes carry Ops of one page size, but a batch made of
 // changes (the tests') goes alone. Both were counted as queued; the one absorbed is counted
 // as applied here.
-func (p *Stream) join(b *pending, next pending) bool {
+func (s *Stream) join(b *pending, next pending) bool {
 	if b.box == nil || next.box == nil || b.pageSize != next.pageSize {
 		return false
 	}
 	b.box.ops.Append(&next.box.ops)
-	p.reuse(next.box)
+	s.reuse(next.box)
 	b.ts = next.ts
-	p.applied.Add(1)
+	s.applied.Add(1)
 	return true
 }
 
@@ -483,36 +482,36 @@ type senderState struct {
 }
 
 func (s *Stream) sendOne(st *senderState, b pending) {
-	p, cfg := s, &s.p.cfg
-	defer p.applied.Add(1)
+	cfg := &s.p.cfg
+	defer s.applied.Add(1)
 	if b.box != nil {
 		if st.tr == nil || st.tr.PageSize() != b.pageSize {
 			st.tr = blocks.NewTracker(b.pageSize)
 		}
 		b.changes = st.tr.ApplyShared(&b.box.ops) // encoded before the next
-		p.blocks.Store(int64(st.tr.Len()))
-		p.reuse(b.box)
+		s.blocks.Store(int64(st.tr.Len()))
+		s.reuse(b.box)
 		if len(b.changes) == 0 {
 			return
 		}
 	}
 	st.buf = appendBatch(st.buf[:0], b.ts, b.changes, b.pageSize, cfg.DPRank, cfg.Encoding)
 	payload := bytes.Clone(st.buf) // kept for replay
-	p.ringMu.Lock()
-	seq := p.seq
-	p.seq++
-	p.ring = append(p.ring, kept{seq, payload})
-	p.keptBytes += len(payload)
+	s.ringMu.Lock()
+	seq := s.seq
+	s.seq++
+	s.ring = append(s.ring, kept{seq, payload})
+	s.keptBytes += len(payload)
 	drop := 0
-	for len(p.ring)-drop > 1 && (len(p.ring)-drop > cfg.Buffer || p.keptBytes > cfg.BufferBytes) {
-		p.keptBytes -= len(p.ring[drop].payload)
+	for len(s.ring)-drop > 1 && (len(s.ring)-drop > cfg.Buffer || s.keptBytes > cfg.BufferBytes) {
+		s.keptBytes -= len(s.ring[drop].payload)
 		drop++
 	}
 	if drop > 0 {
-		clear(p.ring[:drop]) // the backing array holds no payload it no longer keeps
-		p.ring = p.ring[drop:]
+		clear(s.ring[:drop]) // the backing array holds no payload it no longer keeps
+		s.ring = s.ring[drop:]
 	}
-	p.ringMu.Unlock()
+	s.ringMu.Unlock()
 	if cfg.skip != nil && cfg.skip(seq) {
 		return
 	}
@@ -522,7 +521,7 @@ func (s *Stream) sendOne(st *senderState, b pending) {
 		s.p.logf("kv events: %q: send batch %d: %v", s.topic, seq, err)
 		return
 	}
-	p.batches.Add(1)
+	s.batches.Add(1)
 }
 
 // endSeq is the replay's last message's sequence number, -1.
