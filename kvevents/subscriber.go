@@ -25,7 +25,8 @@ type SubscriberConfig struct {
 	// publisher of several streams needs; vLLM's replay socket takes [start seq] alone.
 	ReplayByTopic bool
 	// FromStart asks the replay socket, once connected, for every batch it keeps from
-	// sequence 0; with ReplayByTopic, for each topic's when the topic first shows.
+	// sequence 0; with ReplayByTopic, for Topic's at once and for each other topic's when it
+	// first shows.
 	FromStart bool
 	// ReplayTimeout bounds the wait for a replay's answer (default 5s).
 	ReplayTimeout time.Duration
@@ -75,9 +76,15 @@ func Subscribe(ctx context.Context, cfg SubscriberConfig, f func(Message) error)
 		if err := s.dealer.Dial(rep); err != nil {
 			return fmt.Errorf("kv events replay: %s: %w", cfg.ReplayEndpoint, err)
 		}
-		if cfg.FromStart && !cfg.ReplayByTopic {
-			s.seq("").known = true
-			if err := s.fill("", 0, ^uint64(0)); err != nil {
+		if cfg.FromStart && (!cfg.ReplayByTopic || cfg.Topic != "") {
+			// The publisher's own stream, or, by topic, the one Topic names (when it names
+			// one rather than a prefix of several, which then fill as they show).
+			topic := ""
+			if cfg.ReplayByTopic {
+				topic = cfg.Topic
+			}
+			s.seq(topic).known = true
+			if err := s.fill(topic, 0, ^uint64(0)); err != nil {
 				return err
 			}
 		}

@@ -196,6 +196,19 @@ func TestTapCommandPublishesKVEventsPerInstance(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no KV events from the tap")
 	}
+	// kvtop kv-events, started after the traffic, prints the instance's stream from batch 0
+	// by a replay that names its topic.
+	subCtx, stop := context.WithTimeout(ctx, 2*time.Second)
+	defer stop()
+	var out, serr bytes.Buffer
+	if code := kvEventsCommand(subCtx, []string{"--replay", "tcp://" + tp.kv.ReplayAddr().String(), "--from-start", "--replay-by-topic",
+		"--topic", topic, "tcp://" + tp.kv.Addr().String()}, &out, &serr); code != 0 {
+		t.Fatalf("kv-events = %d: %s", code, serr.String())
+	}
+	first, _, _ := strings.Cut(out.String(), "\n")
+	if !strings.Contains(first, `"type":"AllBlocksCleared"`) || !strings.Contains(first, `"topic":"`+topic+`"`) || !strings.Contains(first, `"seq":0`) {
+		t.Errorf("kv-events' first line = %s, want batch 0 of %s, AllBlocksCleared", first, topic)
+	}
 	mresp, err := http.Get("http://" + servers[0].addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
