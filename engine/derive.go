@@ -39,10 +39,13 @@ const (
 	PagePartial
 	// PageLeaked: held by the sequence of a prepared request that was aborted (as in MLC).
 	PageLeaked
+	// PageUnknown: free in a tap's shadow, held on the decode instance it follows for what
+	// the shadow does not know (follow.go): D took pages past the ones the shadow predicted.
+	PageUnknown
 	NumPageStates
 )
 
-var pageStateNames = [NumPageStates]string{"free", "active", "shared", "recycling", "prepared", "awaiting-kv", "partly-received", "leaked"}
+var pageStateNames = [NumPageStates]string{"free", "active", "shared", "recycling", "prepared", "awaiting-kv", "partly-received", "leaked", "unknown"}
 
 // String returns the state's stable name, as used in metrics labels.
 func (s PageState) String() string {
@@ -150,6 +153,9 @@ type source interface {
 	// reserved returns the i-th request's reserved runs of model 0 and the slots received
 	// in each.
 	reserved(i int) ([]pages.Run, []int)
+	// unknown returns a shadow's pages of unknown use (nil for an engine that decides
+	// alone): those of them that are free show as PageUnknown.
+	unknown() map[int32]bool
 	// stamps returns when the i-th request arrived, was admitted and started (engine time;
 	// zero for what has not happened).
 	stamps(i int) (arrived, admitted, started int64)
@@ -166,6 +172,12 @@ func (e engineSource) now() int64          { return e.e.stamp.At }
 func (e engineSource) cache() *pages.Cache { return e.e.caches[0] }
 func (e engineSource) recycling() []int64  { return e.e.prefix.Recycling() }
 func (e engineSource) numRecycling() int   { return e.e.prefix.NumRecycling() }
+func (e engineSource) unknown() map[int32]bool {
+	if e.e.follow == nil {
+		return nil
+	}
+	return e.e.follow.unknown
+}
 
 // facts appends the facts of every request of the table, in arrival order, to dst.
 func (e engineSource) facts(dst []facts) []facts {
@@ -205,6 +217,9 @@ func (v viewSource) now() int64          { return v.v.stamp.At }
 func (v viewSource) cache() *pages.Cache { return v.v.cache }
 func (v viewSource) recycling() []int64  { return v.v.recycling }
 func (v viewSource) numRecycling() int   { return len(v.v.recycling) }
+func (v viewSource) unknown() map[int32]bool {
+	return v.v.unknown
+}
 
 // viewFacts reads a View's request's facts into f, as engineSource.facts reads the engine's.
 func (v *View) viewFacts(r *RequestView, f *facts) {
@@ -419,7 +434,7 @@ func pageState(u *users) PageState {
 // every such run, in any order, it gives the page's state.
 func reserved(cur, st PageState) PageState {
 	switch {
-	case cur == PageFree || cur == PageLeaked:
+	case cur == PageFree || cur == PageLeaked || cur == PageUnknown:
 		return cur
 	case cur < PageAwaiting || st > cur:
 		return st
@@ -455,7 +470,8 @@ type PageMap struct {
 	States []PageState
 	Count  [NumPageStates]int
 
-	cache *pages.Cache
+	cache   *pages.Cache
+	unknown map[int32]bool // a shadow's pages of unknown use (source.unknown)
 	// seqPages is how many pages each sequence uses, by sequence id (sequence ids are small:
 	// the engine hands freed ones out again); -1 for one the cache does not hold.
 	seqPages []int32
@@ -543,6 +559,7 @@ func (pm *PageMap) build(src source, fs []facts) {
 	c := src.cache()
 	n := c.NumPages()
 	pm.cache = c
+	pm.unknown = src.unknown()
 	pm.kept = false
 	pm.epoch, pm.changes = pageMapEpochs.Add(1), 0
 	pm.States = slices.Grow(pm.States[:0], n)[:n]
@@ -570,6 +587,8 @@ func (pm *PageMap) build(src source, fs []facts) {
 		if pm.States[pg] = pageState(u); pm.States[pg] != PageFree {
 			pm.blockPages = grow(pm.blockPages, int(b))
 			pm.blockPages[b]++
+		} else if pm.unknown[int32(pg)] {
+			pm.States[pg] = PageUnknown
 		}
 	}
 	for _, s := range pm.seqs {

@@ -265,7 +265,10 @@ type Divergence struct {
 	// know (it handed out pages below them): they go to the bottom of the free list (applied
 	// with the event, after the swaps) and are counted as of unknown use.
 	Unknown []int32 `json:"unknown,omitempty"`
-	Reset   bool    `json:"reset,omitempty"`
+	// Explained are pages of unknown use that D reserved for this request: their use is
+	// known again.
+	Explained []int32 `json:"explained,omitempty"`
+	Reset     bool    `json:"reset,omitempty"`
 }
 
 // HazardDetected fires when the engine sees something that MLC lets happen silently and that

@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -139,8 +140,10 @@ type Standing struct {
 	// BeforeTap lists requests first seen at start_generate or later: admitted before the
 	// tap started (or their prep_recv was lost); the shadow holds no pages for them.
 	BeforeTap []string `json:"before_tap,omitempty"`
-	// UnknownPages counts pages D holds for what the shadow cannot explain.
-	UnknownPages int `json:"unknown_pages"`
+	// UnknownPages counts pages D holds for what the shadow cannot explain: those of
+	// UnknownPageIDs the shadow has free (the page map's PageUnknown).
+	UnknownPages   int     `json:"unknown_pages"`
+	UnknownPageIDs []int32 `json:"unknown_page_ids,omitempty"`
 }
 
 // Exact reports whether the shadow has predicted every answer so far, knows every request
@@ -245,7 +248,9 @@ func (e *Engine) Standing() Standing {
 		return Standing{}
 	}
 	e.follow.standing.UnknownPages = e.unknownPages()
-	return e.follow.standing.clone()
+	st := e.follow.standing.clone()
+	st.UnknownPageIDs = unknownIDs(e.follow.unknown)
+	return st
 }
 
 // followStep runs fn as one step of the shadow and closes it as Step does.
@@ -280,6 +285,7 @@ func (s *Standing) note(d Divergence) {
 // clone copies a standing's lists.
 func (s Standing) clone() Standing {
 	s.BeforeTap = slices.Clone(s.BeforeTap)
+	s.UnknownPageIDs = slices.Clone(s.UnknownPageIDs)
 	if s.Last != nil {
 		l := *s.Last
 		s.Last = &l
@@ -293,7 +299,16 @@ func (v *View) Follow() (Standing, bool) {
 	if v.follow == nil {
 		return Standing{}, false
 	}
-	return v.follow.clone(), true
+	return v.standing(), true
+}
+
+// standing is the view's standing, its pages of unknown use counted as the engine counts
+// them.
+func (v *View) standing() Standing {
+	st := v.follow.clone()
+	st.UnknownPages = countUnknown(v.unknown, v.cache)
+	st.UnknownPageIDs = unknownIDs(v.unknown)
+	return st
 }
 
 // applySwaps is the engine's applySwaps for a view: its replica of the cache, its requests'
@@ -464,14 +479,14 @@ func (e *Engine) followAdmit(sc *StepCompleted, id string, d Answer) (Divergence
 	}
 	div.What = DivergedMetadata
 	div.Cause = "D reserved other pages than the shadow predicted: the eviction order, or pages whose use the shadow does not know (before the tap, or pages added during decode)"
-	swaps, evicted, unknown, err := e.resyncPages(r, d.Metadata)
+	swaps, evicted, unknown, explained, err := e.resyncPages(r, d.Metadata)
 	switch {
 	case err != nil:
 		div.Cause += fmt.Sprintf("; the pages could not be resynced: %v", err)
 	case len(evicted) > 0:
 		div.Cause += fmt.Sprintf("; D reused the pages of recycling seq %v, which it must have evicted", evicted)
 	}
-	div.Swaps, div.Unknown = swaps, unknown
+	div.Swaps, div.Unknown, div.Explained = swaps, unknown, explained
 	if e.follow != nil {
 		e.follow.standing.UnknownPages = e.unknownPages()
 	}
@@ -481,24 +496,25 @@ func (e *Engine) followAdmit(sc *StepCompleted, id string, d Answer) (Divergence
 // resyncPages makes the pages of r's reservation those D named in metadata: for each page
 // of D's slots the shadow does not give r, a recycling sequence holding it in the shadow is
 // removed (D reused its page, so D evicted it), and then the page and the one the shadow
-// gave r are swapped. It returns the swaps and the sequences removed.
-func (e *Engine) resyncPages(r *request, metadata string) ([]PageSwap, []int64, []int32, error) {
+// gave r are swapped. It returns the swaps, the sequences removed, the pages whose use became
+// unknown and those whose use it now knows (D reserved them for r).
+func (e *Engine) resyncPages(r *request, metadata string) (swaps []PageSwap, evicted []int64, unknown, explained []int32, err error) {
 	arr, err := prepare.Decode(metadata)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	md, err := prepare.Split(arr)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	if len(md) != len(r.runs) {
-		return nil, nil, nil, fmt.Errorf("D's metadata has %d models, the shadow's %d", len(md), len(r.runs))
+		return nil, nil, nil, nil, fmt.Errorf("D's metadata has %d models, the shadow's %d", len(md), len(r.runs))
 	}
 	ps := int64(e.cfg.PageSize)
 	limit := int64(e.caches[0].NumPages()) * ps
 	theirs, ours := slotsOf(md[0]), slotsOf(r.runs[0])
 	if len(theirs) != len(ours) {
-		return nil, nil, nil, fmt.Errorf("D reserved %d slots, the shadow %d", len(theirs), len(ours))
+		return nil, nil, nil, nil, fmt.Errorf("D reserved %d slots, the shadow %d", len(theirs), len(ours))
 	}
 	// The pages, in order, each with the in-page offset of its first slot: both sides must
 	// lay the same tokens out on the same offsets, only on other pages.
@@ -518,20 +534,19 @@ func (e *Engine) resyncPages(r *request, metadata string) ([]PageSwap, []int64, 
 	}
 	for _, s := range theirs {
 		if s < 0 || s >= limit {
-			return nil, nil, nil, fmt.Errorf("D's slot %d is beyond the shadow's %d pages: D has more pages than the shadow's configuration", s, e.caches[0].NumPages())
+			return nil, nil, nil, nil, fmt.Errorf("D's slot %d is beyond the shadow's %d pages: D has more pages than the shadow's configuration", s, e.caches[0].NumPages())
 		}
 	}
 	tp, op := pagesOf(theirs), pagesOf(ours)
 	if len(tp) != len(op) {
-		return nil, nil, nil, fmt.Errorf("D's slots lie on %d pages, the shadow's on %d", len(tp), len(op))
+		return nil, nil, nil, nil, fmt.Errorf("D's slots lie on %d pages, the shadow's on %d", len(tp), len(op))
 	}
 	for i := range tp {
 		if tp[i].off != op[i].off {
-			return nil, nil, nil, fmt.Errorf("D's slots on page %d start at offset %d, the shadow's at %d", tp[i].page, tp[i].off, op[i].off)
+			return nil, nil, nil, nil, fmt.Errorf("D's slots on page %d start at offset %d, the shadow's at %d", tp[i].page, tp[i].off, op[i].off)
 		}
 	}
 	// A page of D's that a recycling sequence holds in the shadow: D evicted that sequence.
-	var evicted []int64
 	mine := map[int32]bool{}
 	for _, p := range op {
 		mine[p.page] = true
@@ -560,10 +575,9 @@ func (e *Engine) resyncPages(r *request, metadata string) ([]PageSwap, []int64, 
 	for i, p := range tp {
 		theirPages[i] = p.page
 	}
-	unknown := e.unknownAbove(theirPages, e.newPages(r.runs[0]))
+	unknown = e.unknownAbove(theirPages, e.newPages(r.runs[0]))
 	// Swap page by page: op[i] is where the shadow put r's i-th page; swaps made earlier
 	// may have moved it.
-	var swaps []PageSwap
 	where := func(p int32) int32 {
 		for _, s := range swaps {
 			switch p {
@@ -588,13 +602,16 @@ func (e *Engine) resyncPages(r *request, metadata string) ([]PageSwap, []int64, 
 	}
 	if f := e.follow; f != nil {
 		for _, p := range tp {
-			delete(f.unknown, p.page) // explained: D reserved it for this request
+			if f.unknown[p.page] {
+				delete(f.unknown, p.page) // explained: D reserved it for this request
+				explained = append(explained, p.page)
+			}
 		}
 		for _, p := range unknown {
 			f.unknown[p] = true
 		}
 	}
-	return swaps, evicted, unknown, nil
+	return swaps, evicted, unknown, explained, nil
 }
 
 // unknownAbove returns the pages the shadow takes for free that D holds for what the shadow
@@ -737,19 +754,35 @@ func remapRuns(runs [][]pages.Run, perm map[int32]int32, pageSize int) ([][]page
 	return out, prepare.Encode(flat)
 }
 
-// unknownPages counts the pages of unknown use still free in the shadow (one the shadow
+// unknownPages counts the pages of unknown use the shadow has free (one the shadow
 // has handed out since was free on D after all, or is D's now for a request it knows).
 func (e *Engine) unknownPages() int {
 	f := e.follow
 	if f == nil {
 		return 0
 	}
-	for p := range f.unknown {
-		if e.caches[0].PageOwned(p) {
-			delete(f.unknown, p)
+	return countUnknown(f.unknown, e.caches[0])
+}
+
+// countUnknown counts the pages of unknown use that c has free: a page the shadow took
+// shows its use there, and unknown again once freed, for what D holds it for is still not
+// known.
+func countUnknown(unknown map[int32]bool, c *pages.Cache) int {
+	n := 0
+	for p := range unknown {
+		if !c.PageOwned(p) {
+			n++
 		}
 	}
-	return len(f.unknown)
+	return n
+}
+
+// unknownIDs returns the pages of unknown use, in order.
+func unknownIDs(unknown map[int32]bool) []int32 {
+	if len(unknown) == 0 {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(unknown))
 }
 
 // FollowKVReceived records that P finished sending a request's KV (remote_send answered):

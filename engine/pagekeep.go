@@ -93,6 +93,9 @@ func (v *View) keepPages() {
 // settle derives page pg's state again from its counts.
 func (pm *PageMap) settle(pg int32) {
 	st := pageState(&pm.pgUsers[pg])
+	if st == PageFree && pm.unknown[pg] {
+		st = PageUnknown
+	}
 	switch r := &pm.pgRuns[pg]; {
 	case r[1] > 0:
 		st = reserved(st, PagePartial)

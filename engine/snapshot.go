@@ -264,7 +264,8 @@ type View struct {
 	totals       Totals
 	last         StepCompleted
 	version      uint64
-	follow       *Standing // a shadow's standing, nil otherwise
+	follow       *Standing      // a shadow's standing, nil otherwise
+	unknown      map[int32]bool // a shadow's pages of unknown use (Standing.UnknownPageIDs)
 
 	// What is derived from the view (derive.go). The page map is built once, when first
 	// asked for, and then kept current by the events as they apply (pagekeep.go);
@@ -342,6 +343,10 @@ func NewView(s Snapshot) (*View, error) {
 	if s.Follow != nil {
 		f := s.Follow.clone()
 		v.follow = &f
+		v.unknown = make(map[int32]bool, len(f.UnknownPageIDs))
+		for _, p := range f.UnknownPageIDs {
+			v.unknown[p] = true
+		}
 	}
 	for i := range s.Requests {
 		vr := &viewRequest{RequestView: s.Requests[i]}
@@ -786,7 +791,7 @@ func (v *View) Snapshot() Snapshot {
 		waiting: slices.Clone(v.waiting), running: slices.Clone(v.running),
 	}
 	if v.follow != nil {
-		f := v.follow.clone()
+		f := v.standing()
 		p.follow = &f
 	}
 	for _, r := range v.Requests() {
@@ -1196,7 +1201,16 @@ func (v *View) apply(ev Event) error {
 			return err
 		}
 		v.cache.SinkFree(e.Unknown)
-		if len(e.Swaps) > 0 || len(e.Unknown) > 0 {
+		if len(e.Unknown)+len(e.Explained) > 0 && v.unknown == nil {
+			v.unknown = map[int32]bool{}
+		}
+		for _, p := range e.Explained {
+			delete(v.unknown, p)
+		}
+		for _, p := range e.Unknown {
+			v.unknown[p] = true
+		}
+		if len(e.Swaps) > 0 || len(e.Unknown) > 0 || len(e.Explained) > 0 {
 			// Pages changed hands outside the cache's operations, which the kept page map
 			// follows (pagekeep.go): it is built again when next read.
 			v.forget()

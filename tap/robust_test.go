@@ -121,6 +121,24 @@ func TestTapStartedMidFlight(t *testing.T) {
 	if st.UnknownPages == 0 || !strings.Contains(st.Describe(0), "pages of unknown use") {
 		t.Errorf("standing %q: want the pages of before the tap counted as of unknown use", st.Describe(0))
 	}
+	// The page map shows them so, not as free: the shadow's snapshot, and a viewer's View
+	// of it, kept as events apply and built from scratch alike.
+	if n := ss.Derived.Pages[engine.PageUnknown]; n != st.UnknownPages || len(ss.Follow.UnknownPageIDs) < n {
+		t.Errorf("the snapshot counts %d pages of unknown use (ids %v), the standing %d", n, ss.Follow.UnknownPageIDs, st.UnknownPages)
+	}
+	v, err := engine.NewView(ss)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm := v.PageMap()
+	for _, pg := range ss.Follow.UnknownPageIDs {
+		if got := pm.States[pg]; got == engine.PageFree {
+			t.Errorf("page %d, of unknown use and free in the shadow, shows %s", pg, got)
+		}
+	}
+	if vs, _ := v.Follow(); pm.Count[engine.PageUnknown] != st.UnknownPages || vs.UnknownPages != st.UnknownPages {
+		t.Errorf("a viewer's page map shows %d pages of unknown use, its standing %d; the shadow's %d", pm.Count[engine.PageUnknown], vs.UnknownPages, st.UnknownPages)
+	}
 	tp.flow(0, "next", prompt(3, 100), 4)
 	if st := tp.standing(d.addr()); st.Divergences != 1 {
 		t.Errorf("after the resync, the next request diverged too: %+v", st.Last)

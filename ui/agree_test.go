@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -229,7 +230,7 @@ func (a *agreement) dashboard() map[string]int {
 		names[pageStateNames[st]] = st
 	}
 	lines := strings.Split(frame, "\n")
-	legend := strings.Join(lines[5:5+legendLines(200, a.m.live.view.Cache().NumPages())], "  ") + "  "
+	legend := strings.Join(lines[5:5+legendLines(200, a.m.live.view.Cache().NumPages(), a.m.live.legendStates())], "  ") + "  "
 	seen := 0
 	for _, it := range legendItem.FindAllStringSubmatch(legend, -1) {
 		if st, ok := names[it[1]]; ok {
@@ -237,8 +238,19 @@ func (a *agreement) dashboard() map[string]int {
 			seen++
 		}
 	}
-	if seen != int(engine.NumPageStates) {
-		a.t.Fatalf("the legend shows %d of %d page states:\n%s", seen, engine.NumPageStates, legend)
+	shown := a.m.live.legendStates()
+	if seen != len(shown) {
+		a.t.Fatalf("the legend shows %d of %d page states:\n%s", seen, len(shown), legend)
+	}
+	// A state the legend leaves out (a shadow's pages of unknown use, outside a shadow) has
+	// no page.
+	for _, st := range engine.PageStates() {
+		if !slices.Contains(shown, st) {
+			if n := a.m.live.pages().Count[st]; n != 0 {
+				a.t.Fatalf("the legend leaves %s out, and %d pages are %s", st, n, st)
+			}
+			out["pages "+st.String()] = 0
+		}
 	}
 	d := a.m.live.view.Derived()
 	for _, st := range engine.States() {

@@ -1023,7 +1023,7 @@ func (m *Model) helpView() string {
 		b.WriteString(m.st.Cell[s].Render(m.st.Glyph[s]))
 		b.WriteString(" " + pageStateNames[s] + "  ")
 	}
-	b.WriteString("\na cell of several pages shows its most alarming state from awaiting KV on, else its most common\n\n")
+	b.WriteString("\na cell of several pages shows its most alarming state (leaked, partly received, awaiting KV, unknown use), else its most common\n\n")
 	b.WriteString(m.st.Heading.Render("Request rows"))
 	b.WriteString("  ! stuck (blocked, prepared past the age limit, or leaked)  * hazards\n")
 	b.WriteString("Charts: " + areaGlyph + " the area, " + lineGlyph + " the line through it, the watermark dashed; the scrubber: ─ held for rewind, ┄ no longer, ◆ the step drawn\n")

@@ -95,7 +95,7 @@ func (p pagesPanel) numPages() int {
 
 func (p pagesPanel) layout() pageLayout {
 	n := p.numPages()
-	l := pageLayout{labelW: 7, legend: legendLines(p.width, n)}
+	l := pageLayout{labelW: 7, legend: legendLines(p.width, n, p.w.legendStates())}
 	if p.width < 40 {
 		l.labelW = 0
 	}
@@ -116,10 +116,10 @@ func (p pagesPanel) layout() pageLayout {
 
 // legendLines is how many lines the legend takes at a width: items wrap as render lays them
 // out, each with room for the largest count.
-func legendLines(width, pages int) int {
+func legendLines(width, pages int, states []pageState) int {
 	digits := len(humanize.Comma(int64(pages)))
 	lines, lw := 1, 0
-	for s := range numPageStates {
+	for _, s := range states {
 		w := 1 + len([]rune(pageStateNames[s])) + digits + 4
 		if lw+w > width && lw > 0 {
 			lines++
@@ -242,10 +242,10 @@ func (p *pagesPanel) countAll(pd *engine.PageMap, l pageLayout) {
 	}
 }
 
-// groupState is the state a cell shows: the most alarming one from pgAwaiting on when
-// present, else the most common (a cell of one page shows its state).
+// groupState is the state a cell shows: the most alarming one (alarming) when present, else
+// the most common (a cell of one page shows its state).
 func groupState(count *[numPageStates]int32) pageState {
-	for s := numPageStates - 1; s >= pgAwaiting; s-- {
+	for _, s := range alarming {
 		if count[s] > 0 {
 			return s
 		}
@@ -301,7 +301,7 @@ func (p pagesPanel) render(l pageLayout) string {
 	var lg strings.Builder
 	lines := 1
 	lw := 0
-	for s := range numPageStates {
+	for _, s := range p.w.legendStates() {
 		item := fmt.Sprintf(" %s %s  ", pageStateNames[s], humanize.Comma(int64(pd.Count[s])))
 		w := 1 + len([]rune(item))
 		if lw+w > p.width && lw > 0 && lines < l.legend {

@@ -104,6 +104,7 @@ var glyphs = [numPageStates]string{
 	pgAwaiting:  "□",
 	pgPartial:   "◧",
 	pgLeaked:    "!",
+	pgUnknown:   "?",
 }
 
 // DefaultStyles returns the coloured styles for a dark or light background. The colours
@@ -165,6 +166,7 @@ func DefaultStyles(isDark bool) Styles {
 		pgAwaiting:  ld(c("3"), c("11")),
 		pgPartial:   ld(c("208"), c("214")),
 		pgLeaked:    ld(c("1"), c("9")),
+		pgUnknown:   ld(c("94"), c("180")),
 	}
 	for i, fg := range cell {
 		s.Cell[i] = base.Foreground(fg)

@@ -29,8 +29,9 @@ type world struct {
 // names for the states.
 type pageState = engine.PageState
 
-// The page states, from idle to alarming: a group of pages drawn as one cell shows its
-// most alarming state from pgAwaiting on, and the legend follows the order.
+// The page states, from idle to alarming (but pgUnknown, a shadow's, last): a group of pages
+// drawn as one cell shows its most alarming state (alarming), and the legend follows the
+// order.
 const (
 	pgFree        = engine.PageFree
 	pgActive      = engine.PageActive
@@ -40,10 +41,32 @@ const (
 	pgAwaiting    = engine.PageAwaiting
 	pgPartial     = engine.PagePartial
 	pgLeaked      = engine.PageLeaked
+	pgUnknown     = engine.PageUnknown
 	numPageStates = engine.NumPageStates
 )
 
-var pageStateNames = [numPageStates]string{"free", "active", "shared prefix", "recycling", "KV in", "awaiting KV", "partly received", "leaked"}
+var pageStateNames = [numPageStates]string{"free", "active", "shared prefix", "recycling", "KV in", "awaiting KV", "partly received", "leaked", "unknown use"}
+
+// alarming are the states a cell of several pages shows when one of its pages has it, the
+// most alarming first; a cell with none shows its most common state. A shadow's page of
+// unknown use shows over free ones, under anything a request is waiting on.
+var alarming = [...]pageState{pgLeaked, pgPartial, pgAwaiting, pgUnknown}
+
+// legendStates are the states the page map's legend lists: a tap's shadow's pages of
+// unknown use only for a shadow.
+func (w *world) legendStates() []pageState {
+	out := make([]pageState, 0, numPageStates)
+	shadow := false
+	if w != nil && w.view != nil {
+		_, shadow = w.view.Follow()
+	}
+	for s := range numPageStates {
+		if s != pgUnknown || shadow {
+			out = append(out, s)
+		}
+	}
+	return out
+}
 
 // pages returns the View's page map.
 func (w *world) pages() *engine.PageMap { return w.view.PageMap() }

@@ -660,6 +660,11 @@ func (w *binWriter) encEngineDivergence(v *engine.Divergence) {
 			w.int(int64(v.Unknown[i1]))
 		}
 	}
+	if w.len(len(v.Explained), v.Explained == nil) {
+		for i1 := range v.Explained {
+			w.int(int64(v.Explained[i1]))
+		}
+	}
 	w.bool(bool(v.Reset))
 }
 
@@ -682,6 +687,12 @@ func (r *binReader) decEngineDivergence(v *engine.Divergence) {
 		v.Unknown = make([]int32, n)
 		for i1 := range v.Unknown {
 			v.Unknown[i1] = int32(r.int32())
+		}
+	}
+	if n, ok := r.len(); ok {
+		v.Explained = make([]int32, n)
+		for i1 := range v.Explained {
+			v.Explained[i1] = int32(r.int32())
 		}
 	}
 	v.Reset = bool(r.bool())

@@ -32,7 +32,10 @@ import (
 //	   handshake; the hello says which encoding the events come in ("events").
 //	6: the divergence event of a tap's shadow (kvtop tap); snapshots of a shadow carry its
 //	   standing ("follow").
-const Version = 6
+//	7: the page state unknown (a shadow's pages of unknown use): page counts have nine
+//	   states; a shadow's standing lists those pages (unknown_page_ids), and a divergence
+//	   the ones whose use became known again (explained).
+const Version = 7
 
 // The frame types. The server sends hello first, then snapshot, then any of the others;
 // a client sends only the control types.

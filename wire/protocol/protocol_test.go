@@ -82,7 +82,7 @@ func sampleEvents() []engine.Event {
 		engine.StepCompleted{Stamp: at, Action: engine.ActionDecode, Admitted: 1, Prefilled: 2, Decoded: 3, Preempted: 1,
 			Counts: engine.Counts{Waiting: 1, Blocked: 1, Prepared: 2, AwaitingKV: 1, Running: 3, Prefilling: 1, FreePages: 388, TotalSeqLen: 4000, Recycling: 2}},
 		engine.Divergence{Stamp: at, ID: "r-1", What: engine.DivergedMetadata, Cause: "D reserved other pages", ShadowMatched: 16, DMatched: 16,
-			ShadowMetadata: "CAAAAAAAAABbMSwwLDM5XQ==", DMetadata: "CAAAAAAAAABbMSw0OCwzOV0=", Swaps: []engine.PageSwap{{A: 0, B: 3}}, Unknown: []int32{7, 8}, Reset: true},
+			ShadowMetadata: "CAAAAAAAAABbMSwwLDM5XQ==", DMetadata: "CAAAAAAAAABbMSw0OCwzOV0=", Swaps: []engine.PageSwap{{A: 0, B: 3}}, Unknown: []int32{7, 8}, Explained: []int32{3}, Reset: true},
 	}
 }
 
