@@ -119,7 +119,7 @@
 // Limits.MaxConnectsPerSec attempts a second, 503 busy with Retry-After). The server sends
 // JSON text frames, each {"type": ..., ...}:
 //
-//	{"type":"hello","hello":{"protocol":6,"server":"kvtop 0.1.0","config":{...},"control":false,"ping_interval_ms":20000,"max_message_bytes":4096,"events":"json"}}
+//	{"type":"hello","hello":{"protocol":7,"server":"kvtop 0.1.0","config":{...},"control":false,"ping_interval_ms":20000,"max_message_bytes":4096,"events":"json"}}
 //	{"type":"snapshot","seq":1,"snapshot":{...engine.Snapshot...}}
 //	{"type":"events","seq":2,"events":[{"kind":"request_arrived","step":3,"at":1700000000000,"id":"r-1",...},...]}
 //	{"type":"status","status":{"paused":false,"rate":50,"target":50,"controllable":false}}
