@@ -91,13 +91,7 @@ func TestShadowObserversFollowTheirInstance(t *testing.T) {
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for i, ds := range tp.ds {
-		var want map[uint64]blocks.Block
-		if err := ds.r.Do(t.Context(), func(e *engine.Engine, _ time.Time) error {
-			want = blocks.Of(e.Prefix(), e.Config().PageSize)
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
+		want := ds.blocks(t)
 		mu.Lock()
 		w := watches[ds.addr()]
 		mu.Unlock()
@@ -212,13 +206,7 @@ func TestKVEventsOfEachShadowRebuildItsInstance(t *testing.T) {
 	}
 	tp.flush()
 	for i, ds := range tp.ds {
-		var want map[uint64]blocks.Block
-		if err := ds.r.Do(t.Context(), func(e *engine.Engine, _ time.Time) error {
-			want = blocks.Of(e.Prefix(), e.Config().PageSize)
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
+		want := ds.blocks(t)
 		topic := "kv@" + ds.addr()
 		mu.Lock()
 		s := streams[ds.addr()]
@@ -264,4 +252,17 @@ func TestKVEventsOfEachShadowRebuildItsInstance(t *testing.T) {
 		}
 		mu.Unlock()
 	}
+}
+
+// blocks returns the blocks D's prefix cache holds, read on its engine's goroutine.
+func (d *decodeServer) blocks(t *testing.T) map[uint64]blocks.Block {
+	t.Helper()
+	var bs map[uint64]blocks.Block
+	if err := d.r.Do(t.Context(), func(e *engine.Engine, _ time.Time) error {
+		bs = blocks.Of(e.Prefix(), e.Config().PageSize)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return bs
 }

@@ -64,13 +64,11 @@ func TestTapFlags(t *testing.T) {
 	}
 }
 
-// The command's tap, end to end: a kvtop serve as D, a prep_recv through the tap as a
-// router's HTTP proxy, and the dashboard's side of it: the tap is recognised at --attach,
-// its fleet lists D, and D's shadow streams a snapshot that holds the request.
-func TestTapCommandFleet(t *testing.T) {
+// serveAndTap starts a kvtop serve as D and a kvtop tap (with tapArgs) in front of it, its
+// API served; both stop with the test or ctx.
+func serveAndTap(t *testing.T, ctx context.Context, tapArgs ...string) (*server, *tapRun, []tapServer) {
+	t.Helper()
 	t.Setenv("KVTOP_TOKEN", "")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var errb syncBuffer
 	so, err := parseServe([]string{"--listen", "127.0.0.1:0", "--max-total-seq-len", "8192"}, &errb)
 	if err != nil {
@@ -81,7 +79,7 @@ func TestTapCommandFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	go d.Wait()
-	o, err := parseTap([]string{"--listen", "127.0.0.1:0", "--max-total-seq-len", "8192"}, &errb)
+	o, err := parseTap(append([]string{"--listen", "127.0.0.1:0", "--max-total-seq-len", "8192"}, tapArgs...), &errb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,9 +87,19 @@ func TestTapCommandFleet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tp.Close()
+	t.Cleanup(tp.Close)
 	go servers[0].hs.Serve(servers[0].ln)
-	defer servers[0].hs.Close()
+	t.Cleanup(func() { servers[0].hs.Close() })
+	return d, tp, servers
+}
+
+// The command's tap, end to end: a kvtop serve as D, a prep_recv through the tap as a
+// router's HTTP proxy, and the dashboard's side of it: the tap is recognised at --attach,
+// its fleet lists D, and D's shadow streams a snapshot that holds the request.
+func TestTapCommandFleet(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d, tp, servers := serveAndTap(t, ctx)
 	proxy, _ := url.Parse("http://" + servers[0].addr)
 	cl := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxy)}}
 	resp, err := cl.Post(d.URL()+"/microserving/prep_recv", "application/json", strings.NewReader(`{"user":"r-1","prompt":[`+strings.Repeat("5,", 39)+`5],"end":-1}`))
@@ -141,31 +149,10 @@ func TestTapCommandFleet(t *testing.T) {
 // under a topic of its own made from --kv-events-topic, with a sequence of its own and a
 // replay that names the topic; the tap's /metrics counts its batches by decode_instance.
 func TestTapCommandPublishesKVEventsPerInstance(t *testing.T) {
-	t.Setenv("KVTOP_TOKEN", "")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var errb syncBuffer
-	so, err := parseServe([]string{"--listen", "127.0.0.1:0", "--max-total-seq-len", "8192"}, &errb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := startServer(ctx, so, &errb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go d.Wait()
-	o, err := parseTap([]string{"--listen", "127.0.0.1:0", "--max-total-seq-len", "8192",
-		"--kv-events", "tcp://127.0.0.1:0", "--kv-events-replay", "tcp://127.0.0.1:0", "--kv-events-topic", "kv@{instance}@test-model"}, &errb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tp, servers, err := startTap(o, &errb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tp.Close()
-	go servers[0].hs.Serve(servers[0].ln)
-	defer servers[0].hs.Close()
+	d, tp, servers := serveAndTap(t, ctx, "--kv-events", "tcp://127.0.0.1:0", "--kv-events-replay", "tcp://127.0.0.1:0",
+		"--kv-events-topic", "kv@{instance}@test-model")
 	msgs := make(chan kvevents.Message, 64)
 	go kvevents.Subscribe(ctx, kvevents.SubscriberConfig{Endpoint: "tcp://" + tp.kv.Addr().String(), ReplayEndpoint: "tcp://" + tp.kv.ReplayAddr().String(),
 		Topic: "kv@", ReplayByTopic: true, FromStart: true}, func(m kvevents.Message) error {
