@@ -418,3 +418,49 @@ func TestShadowSurvivesAnyObservations(t *testing.T) {
 
 // shadowSeeds is how many random histories TestShadowSurvivesAnyObservations tries.
 var shadowSeeds = 20
+
+// Two requests whose calls raced: D took b's prep_recv first, the tap saw a's call and its
+// answer before b's. a's answer names pages below those the shadow predicted, which it
+// marks of unknown use and sinks to the bottom of its free list; b's answer names those
+// very pages, which explains them. No page is left of unknown use: sunk to the bottom,
+// they once made every free page above them unknown for b.
+func TestShadowOfCallsSeenInTheOtherOrder(t *testing.T) {
+	p := newShadowPair(t, followConfig(), followConfig())
+	a := PrepRecv{ID: "a", Prompt: tokensFrom(1, 100), End: -1, HasEnd: true, MaxTokens: 3}
+	b := PrepRecv{ID: "b", Prompt: tokensFrom(2, 100), End: -1, HasEnd: true, MaxTokens: 3}
+	now := p.tick()
+	for _, pr := range []PrepRecv{b, a} {
+		if err := p.d.PrepRecv(now, pr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	answers := map[string]Answer{}
+	for _, ev := range p.d.Step(p.tick()).Events {
+		if m, ok := ev.(MetadataEmitted); ok {
+			answers[m.ID] = Answer{PromptLength: m.PromptLength, Matched: m.Matched, Metadata: m.Encoded}
+		}
+	}
+	if len(answers) != 2 {
+		t.Fatalf("D admitted %v, want a and b in one step", answers)
+	}
+	for _, pr := range []PrepRecv{a, b} {
+		if err := p.s.FollowArrived(p.now, pr); err != nil {
+			t.Fatal(err)
+		}
+		p.s.FollowAdmitted(p.now, pr.ID, answers[pr.ID])
+		p.fold()
+	}
+	for _, id := range []string{"a", "b"} {
+		dr, _ := p.d.Request(id)
+		sr, _ := p.s.Request(id)
+		if fmt.Sprint(dr.Runs) != fmt.Sprint(sr.Runs) {
+			t.Errorf("%s's runs: D %v, the shadow %v", id, dr.Runs, sr.Runs)
+		}
+	}
+	if len(p.divs) == 0 {
+		t.Errorf("no divergence: want a's pages named as not predicted")
+	}
+	if st := p.s.Standing(); st.UnknownPages != 0 {
+		t.Errorf("%d pages of unknown use after both answers, want none: D's pages are all explained", st.UnknownPages)
+	}
+}

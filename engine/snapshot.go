@@ -1193,6 +1193,9 @@ func (v *View) apply(ev Event) error {
 		v.last = e
 		v.totals.Steps++
 		v.totals.Actions[e.Action]++
+		if len(v.unknown) > 0 {
+			pruneUnknown(v.unknown, v.cache)
+		}
 	case Divergence:
 		if e.Reset {
 			return fmt.Errorf("the shadow starts over: %s", e.Cause)

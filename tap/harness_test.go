@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -113,7 +114,7 @@ type prefillServer struct {
 	srv   *httptest.Server
 	ds    []*decodeServer
 	fail  map[string]bool
-	calls int
+	calls atomic.Int64 // remote_sends answered (the router's calls may race)
 }
 
 func startPrefill(t *testing.T, ds []*decodeServer) *prefillServer {
@@ -123,7 +124,7 @@ func startPrefill(t *testing.T, ds []*decodeServer) *prefillServer {
 			http.NotFound(w, r)
 			return
 		}
-		p.calls++
+		p.calls.Add(1)
 		var b struct {
 			User       string `json:"user"`
 			Begin, End int
