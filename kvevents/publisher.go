@@ -609,6 +609,9 @@ func splitReplay(fr [][]byte) (id, topic, start []byte, delim, ok bool) {
 	case 0:
 		return id, nil, start, delim, true
 	case 1:
+		if mid[0] == nil {
+			return id, []byte{}, start, delim, true // an empty topic, not none
+		}
 		return id, mid[0], start, delim, true
 	}
 	return nil, nil, nil, false, false

@@ -457,3 +457,38 @@ func TestTheReplayRingIsBoundedByCountAndBytes(t *testing.T) {
 		s.ringMu.Unlock()
 	}
 }
+
+// A replay request is vLLM's [identity, "", start] or [identity, start], or either with a
+// topic before start (a publisher of several streams); anything else is refused.
+func TestReplayRequestForms(t *testing.T) {
+	start := []byte{0, 0, 0, 0, 0, 0, 0, 7}
+	id, tp := []byte("peer"), []byte("kv@d0")
+	for _, c := range []struct {
+		frames    [][]byte
+		ok, delim bool
+		topic     []byte
+		name      string
+	}{
+		{[][]byte{id, nil, start}, true, true, nil, "REQ/DEALER"},
+		{[][]byte{id, start}, true, false, nil, "no delimiter"},
+		{[][]byte{id, nil, tp, start}, true, true, tp, "REQ/DEALER, topic"},
+		{[][]byte{id, tp, start}, true, false, tp, "topic, no delimiter"},
+		{[][]byte{id, nil, nil, start}, true, true, []byte{}, "an empty topic"},
+		{[][]byte{id}, false, false, nil, "no start"},
+		{[][]byte{id, nil, []byte{1, 2}}, false, false, nil, "a short start"},
+		{[][]byte{id, tp, tp, start}, false, false, nil, "two topics"},
+		{[][]byte{id, nil, tp, tp, start}, false, false, nil, "five frames"},
+	} {
+		gid, topic, gstart, delim, ok := splitReplay(c.frames)
+		if ok != c.ok {
+			t.Errorf("%s: ok = %v, want %v", c.name, ok, c.ok)
+			continue
+		}
+		if !ok {
+			continue
+		}
+		if !slices.Equal(gid, id) || !slices.Equal(gstart, start) || delim != c.delim || (topic == nil) != (c.topic == nil) || !slices.Equal(topic, c.topic) {
+			t.Errorf("%s: id %q topic %q start %v delim %v; want %q %q %v %v", c.name, gid, topic, gstart, delim, id, c.topic, start, c.delim)
+		}
+	}
+}
