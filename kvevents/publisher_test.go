@@ -492,3 +492,64 @@ func TestReplayRequestForms(t *testing.T) {
 		}
 	}
 }
+
+// With Dial the PUB socket connects to a subscriber that listens, as llm-d's indexer does
+// for a fleet (its zmqEndpoint, every pod dialling in): each stream's batches reach it
+// under the stream's topic, the first of each AllBlocksCleared.
+func TestDialReachesAListeningSubscriber(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sub := zmq4.NewSub(ctx)
+	defer sub.Close()
+	if err := sub.SetOption(zmq4.OptionSubscribe, "kv@"); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Start(Config{Endpoint: "tcp://" + sub.Addr().String(), Dial: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if p.Addr() != nil {
+		t.Errorf("Addr() = %v for a dialling publisher, want nil", p.Addr())
+	}
+	time.Sleep(300 * time.Millisecond) // the connection and the subscription
+	topics := []string{"kv@d0@m", "kv@d1@m"}
+	for i, tp := range topics {
+		s, err := p.NewStream(tp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := lockstep.Run("chat", uint64(i+1), 40, 50*time.Millisecond, nil, s.Observe); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := map[string]bool{}
+	stop := time.AfterFunc(10*time.Second, cancel) // a Recv that waits for nothing ends
+	defer stop.Stop()
+	for len(first) < len(topics) {
+		m, err := sub.Recv()
+		if err != nil {
+			t.Fatalf("after %v: %v", first, err)
+		}
+		topic, seq, payload, ok := splitLive(m.Frames)
+		if !ok || first[topic] {
+			continue
+		}
+		b, err := Decode(payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, cleared := b.Events[0].(AllBlocksCleared); seq != 0 || !cleared {
+			t.Errorf("%s's first batch: seq %d, events %v; want batch 0, AllBlocksCleared first", topic, seq, b.Events)
+		}
+		first[topic] = true
+	}
+	for _, tp := range topics {
+		if !first[tp] {
+			t.Errorf("nothing of %s reached the listening subscriber", tp)
+		}
+	}
+}
