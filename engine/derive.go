@@ -560,6 +560,9 @@ func (pm *PageMap) build(src source, fs []facts) {
 	n := c.NumPages()
 	pm.cache = c
 	pm.unknown = src.unknown()
+	if len(pm.unknown) == 0 {
+		pm.unknown = nil // no lookup a free page, in a loop over every page
+	}
 	pm.kept = false
 	pm.epoch, pm.changes = pageMapEpochs.Add(1), 0
 	pm.States = slices.Grow(pm.States[:0], n)[:n]
@@ -587,7 +590,7 @@ func (pm *PageMap) build(src source, fs []facts) {
 		if pm.States[pg] = pageState(u); pm.States[pg] != PageFree {
 			pm.blockPages = grow(pm.blockPages, int(b))
 			pm.blockPages[b]++
-		} else if pm.unknown[int32(pg)] {
+		} else if pm.unknown != nil && pm.unknown[int32(pg)] {
 			pm.States[pg] = PageUnknown
 		}
 	}

@@ -305,6 +305,9 @@ func (v *View) Follow() (Standing, bool) {
 	return v.standing(), true
 }
 
+// Shadow reports whether the view is of a tap's shadow (Follow's ok, without its copy).
+func (v *View) Shadow() bool { return v.follow != nil }
+
 // standing is the view's standing, its pages of unknown use counted as the engine counts
 // them.
 func (v *View) standing() Standing {

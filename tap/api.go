@@ -149,6 +149,19 @@ func (t *Tap) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// shadows returns the instances' shadows, in the order the instances were seen.
+func (t *Tap) shadows() []*shadow {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var shs []*shadow
+	for _, addr := range t.order {
+		if sh := t.insts[addr].sh; sh != nil {
+			shs = append(shs, sh)
+		}
+	}
+	return shs
+}
+
 // gatherer gathers every shadow's kvtop_ metrics with a decode_instance label, the tap's
 // own counters, and the process's.
 func (t *Tap) gatherer() prometheus.Gatherer {
@@ -160,15 +173,7 @@ func (t *Tap) gatherer() prometheus.Gatherer {
 		for _, f := range fams {
 			byName[f.GetName()] = f
 		}
-		t.mu.Lock()
-		var shs []*shadow
-		for _, addr := range t.order {
-			if sh := t.insts[addr].sh; sh != nil {
-				shs = append(shs, sh)
-			}
-		}
-		t.mu.Unlock()
-		for _, sh := range shs {
+		for _, sh := range t.shadows() {
 			_, srv := sh.current()
 			got, gerr := srv.Registry().Gather()
 			if gerr != nil && err == nil {
@@ -251,15 +256,7 @@ func (c tapCollector) Collect(ch chan<- prometheus.Metric) {
 // Flush waits until every shadow has applied what the tap has seen so far (for tests, and
 // for a caller that wants to read a settled state).
 func (t *Tap) Flush(ctx context.Context) error {
-	t.mu.Lock()
-	var shs []*shadow
-	for _, addr := range t.order {
-		if sh := t.insts[addr].sh; sh != nil {
-			shs = append(shs, sh)
-		}
-	}
-	t.mu.Unlock()
-	for _, sh := range shs {
+	for _, sh := range t.shadows() {
 		done := make(chan struct{})
 		select {
 		case sh.q <- obs{kind: obsSync, done: done}:

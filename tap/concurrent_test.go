@@ -19,9 +19,9 @@ import (
 // to its end), half of them sharing a prefix. D takes racing calls in an order of its own,
 // the shadow in the order the tap forwarded them, so the shadow diverges (the order, the
 // pages, a prefix D matched before the shadow saw it) and says so in its standing. What
-// holds: every request is the shadow's too and ends as on D, the resyncs give each request
-// D's pages while it is prepared, and the pages of unknown use stay fewer than the requests
-// could hold (one resync's sunk pages once made nearly every free page unknown).
+// holds: every request is the shadow's too and ends as on D, and the pages of unknown use
+// stay fewer than the requests could hold (one resync's sunk pages once made nearly every
+// free page unknown).
 func TestConcurrentClientsThroughTheTap(t *testing.T) {
 	cfg := smallConfig()
 	cfg.MaxTotalSequenceLength = 65536

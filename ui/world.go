@@ -55,18 +55,22 @@ var alarming = [...]pageState{pgLeaked, pgPartial, pgAwaiting, pgUnknown}
 // legendStates are the states the page map's legend lists: a tap's shadow's pages of
 // unknown use only for a shadow.
 func (w *world) legendStates() []pageState {
-	out := make([]pageState, 0, numPageStates)
-	shadow := false
-	if w != nil && w.view != nil {
-		_, shadow = w.view.Follow()
+	if w != nil && w.view != nil && w.view.Shadow() {
+		return shadowLegend
 	}
+	return legend
+}
+
+// The legends: every state, and every one but pgUnknown.
+var shadowLegend, legend = func() (all, some []pageState) {
 	for s := range numPageStates {
-		if s != pgUnknown || shadow {
-			out = append(out, s)
+		all = append(all, s)
+		if s != pgUnknown {
+			some = append(some, s)
 		}
 	}
-	return out
-}
+	return all, some
+}()
 
 // pages returns the View's page map.
 func (w *world) pages() *engine.PageMap { return w.view.PageMap() }

@@ -20,6 +20,7 @@ import (
 	"github.com/kvtop/kvtop/engine/pages"
 	"github.com/kvtop/kvtop/engine/runner"
 	"github.com/kvtop/kvtop/feed"
+	"github.com/kvtop/kvtop/internal/stepbench"
 	"github.com/kvtop/kvtop/wire/protocol"
 )
 
@@ -87,12 +88,7 @@ func busyEngine(b *testing.B, n int, rc runner.Config) (*runner.Runner, func()) 
 // busyEngineHook is busyEngine, with the hook.
 func busyEngineHook(b *testing.B, n int, rc runner.Config) (*runner.Runner, *steady, func()) {
 	b.Helper()
-	cfg := engine.DefaultConfig()
-	cfg.MaxTotalSequenceLength = 1 << 20
-	cfg.MaxSingleSequenceLength = 4096
-	cfg.MaxNumSequence = 1024
-	cfg.KeepFinished = 64
-	e, err := engine.New(cfg)
+	e, err := engine.New(stepbench.Config())
 	if err != nil {
 		b.Fatal(err)
 	}

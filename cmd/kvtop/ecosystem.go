@@ -154,19 +154,48 @@ func (eco *ecosystem) startKVEvents(o ecoOptions, logf func(string, ...any)) err
 
 // kvCollectors are the metrics of a KV-event publisher, or of one of its streams.
 func kvCollectors(stats func() kvevents.Stats) []prometheus.Collector {
-	stat := func(f func(kvevents.Stats) float64) func() float64 { return func() float64 { return f(stats()) } }
-	return []prometheus.Collector{
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_kv_events_batches_total", Help: "KV event batches sent on the PUB socket."},
-			stat(func(s kvevents.Stats) float64 { return float64(s.Batches) })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_kv_events_dropped_batches_total", Help: "Engine calls and steps whose KV events were dropped because the sender fell behind the engine (each loss is followed by a resync)."},
-			stat(func(s kvevents.Stats) float64 { return float64(s.Dropped) })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_kv_events_resyncs_total", Help: "KV event batches that started subscribers over (AllBlocksCleared, then every block) after a drop."},
-			stat(func(s kvevents.Stats) float64 { return float64(s.Resyncs) })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_kv_events_replays_total", Help: "Replay requests answered."},
-			stat(func(s kvevents.Stats) float64 { return float64(s.Replays) })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvtop_kv_event_blocks", Help: "Blocks (full pages of cached sequences) the KV events say the prefix cache holds."},
-			stat(func(s kvevents.Stats) float64 { return float64(s.Blocks) })),
+	type st = kvevents.Stats
+	return statCollectors(stats,
+		counter("kvtop_kv_events_batches_total", "KV event batches sent on the PUB socket.",
+			func(s st) uint64 { return s.Batches }),
+		counter("kvtop_kv_events_dropped_batches_total", "Engine calls and steps whose KV events were dropped because the sender fell behind the engine (each loss is followed by a resync).",
+			func(s st) uint64 { return s.Dropped }),
+		counter("kvtop_kv_events_resyncs_total", "KV event batches that started subscribers over (AllBlocksCleared, then every block) after a drop.",
+			func(s st) uint64 { return s.Resyncs }),
+		counter("kvtop_kv_events_replays_total", "Replay requests answered.",
+			func(s st) uint64 { return s.Replays }),
+		gauge("kvtop_kv_event_blocks", "Blocks (full pages of cached sequences) the KV events say the prefix cache holds.",
+			func(s st) int64 { return s.Blocks }),
+	)
+}
+
+// statMetric is one counter or gauge of an exporter's Stats, read at each scrape.
+type statMetric[S any] struct {
+	name, help string
+	gauge      bool
+	value      func(S) float64
+}
+
+func counter[S any](name, help string, f func(S) uint64) statMetric[S] {
+	return statMetric[S]{name: name, help: help, value: func(s S) float64 { return float64(f(s)) }}
+}
+
+func gauge[S any](name, help string, f func(S) int64) statMetric[S] {
+	return statMetric[S]{name: name, help: help, gauge: true, value: func(s S) float64 { return float64(f(s)) }}
+}
+
+// statCollectors makes the collectors of ms, each reading stats when scraped.
+func statCollectors[S any](stats func() S, ms ...statMetric[S]) []prometheus.Collector {
+	out := make([]prometheus.Collector, len(ms))
+	for i, m := range ms {
+		read := func() float64 { return m.value(stats()) }
+		if m.gauge {
+			out[i] = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: m.name, Help: m.help}, read)
+		} else {
+			out[i] = prometheus.NewCounterFunc(prometheus.CounterOpts{Name: m.name, Help: m.help}, read)
+		}
 	}
+	return out
 }
 
 // startTracing starts the request tracer when --otlp-endpoint is given. Export failures
@@ -185,21 +214,21 @@ func (eco *ecosystem) startTracing(o ecoOptions, logf func(string, ...any)) erro
 	eco.otlpURL, _ = tracing.ParseEndpoint(o.otlp)
 	eco.observers = append(eco.observers, t)
 	eco.closers = append(eco.closers, t.Close)
-	stat := func(f func(tracing.Stats) float64) func() float64 { return func() float64 { return f(t.Stats()) } }
-	eco.collectors = append(eco.collectors,
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_trace_spans_total", Help: "Request trace spans ended and handed to the OTLP exporter."},
-			stat(func(s tracing.Stats) float64 { return float64(s.Spans) })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_trace_exported_spans_total", Help: "Request trace spans the OTLP endpoint accepted."},
-			stat(func(s tracing.Stats) float64 { return float64(s.Exported) })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_trace_export_failures_total", Help: "OTLP exports that failed; their spans are lost."},
-			stat(func(s tracing.Stats) float64 { return float64(s.ExportFailures) })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_trace_dropped_events_total", Help: "Engine events dropped because the span builder fell behind the engine (each loss ends the open spans as lost)."},
-			stat(func(s tracing.Stats) float64 { return float64(s.DroppedEvents) })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtop_trace_losses_total", Help: "Losses of engine events, after each of which the spans open were ended with outcome lost."},
-			stat(func(s tracing.Stats) float64 { return float64(s.Lost) })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvtop_trace_open_requests", Help: "Requests whose trace spans are open."},
-			stat(func(s tracing.Stats) float64 { return float64(s.Open) })),
-	)
+	type st = tracing.Stats
+	eco.collectors = append(eco.collectors, statCollectors(t.Stats,
+		counter("kvtop_trace_spans_total", "Request trace spans ended and handed to the OTLP exporter.",
+			func(s st) uint64 { return s.Spans }),
+		counter("kvtop_trace_exported_spans_total", "Request trace spans the OTLP endpoint accepted.",
+			func(s st) uint64 { return s.Exported }),
+		counter("kvtop_trace_export_failures_total", "OTLP exports that failed; their spans are lost.",
+			func(s st) uint64 { return s.ExportFailures }),
+		counter("kvtop_trace_dropped_events_total", "Engine events dropped because the span builder fell behind the engine (each loss ends the open spans as lost).",
+			func(s st) uint64 { return s.DroppedEvents }),
+		counter("kvtop_trace_losses_total", "Losses of engine events, after each of which the spans open were ended with outcome lost.",
+			func(s st) uint64 { return s.Lost }),
+		gauge("kvtop_trace_open_requests", "Requests whose trace spans are open.",
+			func(s st) int64 { return s.Open }),
+	)...)
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvtop/kvtop/engine"
 	"github.com/kvtop/kvtop/feed"
+	"github.com/kvtop/kvtop/internal/stepbench"
 )
 
 // steadyRunner is a runner whose engine keeps n requests decoding, driven by hand: before
@@ -22,12 +23,7 @@ type steadyRunner struct {
 
 func newSteadyRunner(b *testing.B, n, subs int) *steadyRunner {
 	b.Helper()
-	cfg := engine.DefaultConfig()
-	cfg.MaxTotalSequenceLength = 1 << 20
-	cfg.MaxSingleSequenceLength = 4096
-	cfg.MaxNumSequence = 1024
-	cfg.KeepFinished = 64
-	e, err := engine.New(cfg)
+	e, err := engine.New(stepbench.Config())
 	if err != nil {
 		b.Fatal(err)
 	}

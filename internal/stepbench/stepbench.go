@@ -33,16 +33,23 @@ type Steady struct {
 	prompt     []int32
 }
 
-// New returns an engine in the steady state, its events passed to observe (none when nil).
-// The first requests' lengths are spread, so that as many finish each step from the start.
-func New(tb testing.TB, observe Observe) *Steady {
-	tb.Helper()
+// Config is the steady state's engine configuration: room for a thousand requests of a few
+// hundred tokens, without their pages ever running out. The engine and wire benchmarks
+// that keep an engine busy use it too.
+func Config() engine.Config {
 	cfg := engine.DefaultConfig()
 	cfg.MaxTotalSequenceLength = 1 << 20
 	cfg.MaxSingleSequenceLength = 4096
 	cfg.MaxNumSequence = 1024
 	cfg.KeepFinished = 64
-	e, err := engine.New(cfg)
+	return cfg
+}
+
+// New returns an engine in the steady state, its events passed to observe (none when nil).
+// The first requests' lengths are spread, so that as many finish each step from the start.
+func New(tb testing.TB, observe Observe) *Steady {
+	tb.Helper()
+	e, err := engine.New(Config())
 	if err != nil {
 		tb.Fatal(err)
 	}
