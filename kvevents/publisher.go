@@ -243,9 +243,6 @@ func (p *Publisher) NewStream(topic string) (*Stream, error) {
 	return s, nil
 }
 
-// Topic returns the stream's topic.
-func (s *Stream) Topic() string { return s.topic }
-
 // Addr is where the PUB socket listens (nil when it dials).
 func (p *Publisher) Addr() net.Addr {
 	if p.cfg.Dial {

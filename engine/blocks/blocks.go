@@ -153,9 +153,6 @@ func (o *Ops) Reset() {
 // Len returns the number of operations in o; an empty Ops changes nothing.
 func (o *Ops) Len() int { return len(o.ops) }
 
-// Tokens returns the number of tokens o carries.
-func (o *Ops) Tokens() int { return len(o.toks) }
-
 // Append adds other's operations after o's, as if one Reader had read both in turn: a
 // Tracker applying the result gives the changes of applying o and then other.
 func (o *Ops) Append(other *Ops) {
@@ -361,9 +358,6 @@ func (t *Tracker) PageSize() int { return t.ps }
 
 // Len returns the number of blocks held.
 func (t *Tracker) Len() int { return len(t.blocks) }
-
-// Has reports whether the block is held.
-func (t *Tracker) Has(hash uint64) bool { return t.blocks[hash] != nil }
 
 func (t *Tracker) tail(id int64) **block {
 	for int64(len(t.tails)) <= id {
