@@ -10,10 +10,7 @@ import (
 	"io"
 	"log"
 	"net"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -295,13 +292,6 @@ what it no longer keeps is printed as {"seq": N, "missing": M}. For 'kvtop tap
 
 Flags:
 `
-
-// runKVEvents is `kvtop kv-events`.
-func runKVEvents(args []string, stdout, stderr io.Writer) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return kvEventsCommand(ctx, args, stdout, stderr)
-}
 
 func kvEventsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kvtop kv-events", flag.ContinueOnError)

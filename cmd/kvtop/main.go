@@ -6,13 +6,16 @@
 //	kvtop --attach host:port       the dashboard on a running `kvtop serve`
 //	kvtop serve [flags]            the engine as a decode instance over HTTP
 //	kvtop replay FILE              play a recording back in the dashboard
+//	kvtop tap [flags]              shadows of a real MLC deployment's decode instances
 //	kvtop kv-events tcp://H:P      print a vLLM-format KV-event publisher's events
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 )
 
 // version is set at build time with -ldflags "-X main.version=…".
@@ -22,19 +25,27 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// untilSignal runs a command until it returns or the process is asked to stop
+// (stopSignals), and returns its exit status.
+func untilSignal(cmd func(ctx context.Context, args []string, stdout, stderr io.Writer) int, args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
+	defer stop()
+	return cmd(ctx, args, stdout, stderr)
+}
+
 // run dispatches to a command and returns the process's exit status: 0, 1 for a failure,
 // 2 for bad usage.
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		switch args[0] {
 		case "serve":
-			return runServe(args[1:], stdout, stderr)
+			return untilSignal(serveCommand, args[1:], stdout, stderr)
 		case "replay":
 			return runReplay(args[1:], stdout, stderr)
 		case "tap":
-			return runTap(args[1:], stdout, stderr)
+			return untilSignal(tapCommand, args[1:], stdout, stderr)
 		case "kv-events":
-			return runKVEvents(args[1:], stdout, stderr)
+			return untilSignal(kvEventsCommand, args[1:], stdout, stderr)
 		case "help":
 			fmt.Fprint(stdout, usage)
 			return 0

@@ -11,11 +11,9 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -174,13 +172,6 @@ func parseTap(args []string, stderr io.Writer) (tapOptions, error) {
 		o.instances[addr] = c
 	}
 	return o, nil
-}
-
-// runTap is `kvtop tap`.
-func runTap(args []string, stdout, stderr io.Writer) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return tapCommand(ctx, args, stdout, stderr)
 }
 
 // tapCommand parses the flags and runs the tap until ctx ends; it returns the exit status.
